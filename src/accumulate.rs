@@ -1,0 +1,292 @@
+//! Rebuilding the assistant message from what the upstream sent: the deltas
+//! of a streamed reply, or the body of a non-streaming one.
+//!
+//! Only choice 0 is remembered when `n > 1`. Chunks without choices (the
+//! usage chunk of `stream_options.include_usage`) are fine.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::message::Message;
+
+#[derive(Debug, Default, Clone)]
+pub struct ReplyAccumulator {
+    content: String,
+    refusal: String,
+    tool_calls: BTreeMap<u64, ToolCall>,
+    function_call: Option<ToolFunction>,
+    /// The stream's terminator, `data: [DONE]`, has been seen.
+    pub done: bool,
+    /// Some choice-0 chunk carried a `finish_reason`.
+    pub finished: bool,
+    /// An `error` object the upstream sent inside the stream.
+    pub error: Option<String>,
+    /// Data lines that were not JSON.
+    pub malformed: usize,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ToolCall {
+    id: Option<String>,
+    kind: Option<String>,
+    function: ToolFunction,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ToolFunction {
+    name: String,
+    arguments: String,
+}
+
+impl ReplyAccumulator {
+    /// Takes the `data` of one SSE event.
+    pub fn push_data(&mut self, data: &str) {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return;
+        }
+        match serde_json::from_str::<Value>(data) {
+            Ok(chunk) => self.push_chunk(&chunk),
+            Err(_) => self.malformed += 1,
+        }
+    }
+
+    pub fn push_chunk(&mut self, chunk: &Value) {
+        if let Some(err) = chunk.get("error") {
+            let msg = err.get("message").and_then(Value::as_str);
+            self.error = Some(msg.map_or_else(|| err.to_string(), str::to_owned));
+        }
+        let Some(choice) = first_choice(chunk) else {
+            return;
+        };
+        if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
+            self.finished = true;
+        }
+        let Some(delta) = choice.get("delta") else {
+            return;
+        };
+        if let Some(text) = delta.get("content").and_then(Value::as_str) {
+            self.content.push_str(text);
+        }
+        if let Some(text) = delta.get("refusal").and_then(Value::as_str) {
+            self.refusal.push_str(text);
+        }
+        if let Some(f) = delta.get("function_call") {
+            self.function_call
+                .get_or_insert_with(ToolFunction::default)
+                .extend(f);
+        }
+        for (position, call) in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let index = call
+                .get("index")
+                .and_then(Value::as_u64)
+                .unwrap_or(position as u64);
+            let entry = self.tool_calls.entry(index).or_default();
+            if let Some(id) = call.get("id").and_then(Value::as_str) {
+                entry.id = Some(id.to_owned());
+            }
+            if let Some(kind) = call.get("type").and_then(Value::as_str) {
+                entry.kind = Some(kind.to_owned());
+            }
+            if let Some(f) = call.get("function") {
+                entry.function.extend(f);
+            }
+        }
+    }
+
+    /// The text received so far.
+    pub fn content(&self) -> &str {
+        &self.content
+    }
+
+    /// Whether anything worth remembering has arrived.
+    pub fn is_empty(&self) -> bool {
+        self.content.is_empty()
+            && self.refusal.is_empty()
+            && self.tool_calls.is_empty()
+            && self.function_call.is_none()
+    }
+
+    /// The assistant message as it stands.
+    pub fn to_message(&self) -> Message {
+        let has_calls = !self.tool_calls.is_empty() || self.function_call.is_some();
+        let content = if self.content.is_empty() && has_calls {
+            Value::Null
+        } else {
+            Value::String(self.content.clone())
+        };
+        let mut m = Message::new("assistant", content);
+        if !self.tool_calls.is_empty() {
+            m.tool_calls = Some(self.tool_calls.values().map(ToolCall::to_value).collect());
+        }
+        if let Some(f) = &self.function_call {
+            m.extra.insert("function_call".into(), f.to_value());
+        }
+        if !self.refusal.is_empty() {
+            m.extra
+                .insert("refusal".into(), Value::String(self.refusal.clone()));
+        }
+        m
+    }
+}
+
+impl ToolFunction {
+    fn extend(&mut self, f: &Value) {
+        if let Some(name) = f.get("name").and_then(Value::as_str) {
+            self.name.push_str(name);
+        }
+        if let Some(args) = f.get("arguments").and_then(Value::as_str) {
+            self.arguments.push_str(args);
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        let mut f = Map::new();
+        f.insert("name".into(), Value::String(self.name.clone()));
+        f.insert("arguments".into(), Value::String(self.arguments.clone()));
+        Value::Object(f)
+    }
+}
+
+impl ToolCall {
+    fn to_value(&self) -> Value {
+        let mut c = Map::new();
+        if let Some(id) = &self.id {
+            c.insert("id".into(), Value::String(id.clone()));
+        }
+        let kind = self.kind.as_deref().unwrap_or("function");
+        c.insert("type".into(), Value::String(kind.to_owned()));
+        c.insert("function".into(), self.function.to_value());
+        Value::Object(c)
+    }
+}
+
+/// Choice 0 of a chunk or completion: the one whose `index` is 0, or the
+/// first one when the upstream leaves `index` out.
+fn first_choice(body: &Value) -> Option<&Value> {
+    let choices = body.get("choices")?.as_array()?;
+    choices
+        .iter()
+        .find(|c| c.get("index").and_then(Value::as_u64) == Some(0))
+        .or_else(|| choices.first().filter(|c| c.get("index").is_none()))
+}
+
+/// The assistant message of a non-streaming completion body.
+pub fn message_from_completion(body: &Value) -> Option<Message> {
+    let message = first_choice(body)?.get("message")?;
+    let mut m: Message = serde_json::from_value(message.clone()).ok()?;
+    m.role = "assistant".into();
+    // Response-only annotations are not part of the conversation.
+    m.extra.retain(|k, v| k != "annotations" && !v.is_null());
+    Some(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn feed(events: &[Value]) -> ReplyAccumulator {
+        let mut acc = ReplyAccumulator::default();
+        for e in events {
+            acc.push_data(&e.to_string());
+        }
+        acc.push_data("[DONE]");
+        acc
+    }
+
+    fn delta(index: u64, d: Value) -> Value {
+        json!({"object": "chat.completion.chunk",
+               "choices": [{"index": index, "delta": d, "finish_reason": null}]})
+    }
+
+    #[test]
+    fn text_deltas_concatenate() {
+        let acc = feed(&[
+            delta(0, json!({"role": "assistant", "content": ""})),
+            delta(0, json!({"content": "Hel"})),
+            delta(0, json!({"content": "lo"})),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            json!({"choices": [], "usage": {"total_tokens": 3}}),
+        ]);
+        assert!(acc.done && acc.finished);
+        assert_eq!(acc.to_message(), Message::new("assistant", "Hello"));
+    }
+
+    #[test]
+    fn only_choice_zero_is_remembered() {
+        let acc = feed(&[
+            delta(1, json!({"content": "other"})),
+            delta(0, json!({"content": "mine"})),
+        ]);
+        assert_eq!(acc.content(), "mine");
+    }
+
+    #[test]
+    fn tool_calls_accumulate_by_index() {
+        let acc = feed(&[
+            delta(
+                0,
+                json!({"role": "assistant", "content": null, "tool_calls": [
+                {"index": 0, "id": "c1", "type": "function",
+                 "function": {"name": "weather", "arguments": ""}}]}),
+            ),
+            delta(
+                0,
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"ci"}}]}),
+            ),
+            delta(
+                0,
+                json!({"tool_calls": [
+                {"index": 1, "id": "c2", "type": "function",
+                 "function": {"name": "time", "arguments": "{}"}}]}),
+            ),
+            delta(
+                0,
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "ty\":1}"}}]}),
+            ),
+        ]);
+        let m = acc.to_message();
+        assert_eq!(m.content, Value::Null);
+        assert_eq!(
+            m.tool_calls.unwrap(),
+            vec![
+                json!({"id": "c1", "type": "function",
+                       "function": {"name": "weather", "arguments": "{\"city\":1}"}}),
+                json!({"id": "c2", "type": "function",
+                       "function": {"name": "time", "arguments": "{}"}}),
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_and_garbage_are_noted() {
+        let mut acc = ReplyAccumulator::default();
+        acc.push_data("not json");
+        acc.push_data(r#"{"error": {"message": "overloaded"}}"#);
+        assert_eq!(acc.malformed, 1);
+        assert_eq!(acc.error.as_deref(), Some("overloaded"));
+        assert!(acc.is_empty() && !acc.done);
+    }
+
+    #[test]
+    fn completion_body_gives_choice_zero() {
+        let body = json!({"choices": [
+            {"index": 1, "message": {"role": "assistant", "content": "no"}},
+            {"index": 0, "message": {"role": "assistant", "content": "yes",
+                                      "refusal": null, "annotations": []}}]});
+        assert_eq!(
+            message_from_completion(&body),
+            Some(Message::new("assistant", "yes"))
+        );
+        assert_eq!(message_from_completion(&json!({"choices": []})), None);
+    }
+}

@@ -1,0 +1,97 @@
+//! The application: shared state, the router with its layers, and serving.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::http::{HeaderName, HeaderValue, Request};
+use axum::Router;
+use tokio::net::TcpListener;
+use tower::ServiceBuilder;
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
+use tower_http::trace::TraceLayer;
+
+use crate::config::Config;
+use crate::message::Message;
+use crate::metrics::Counters;
+use crate::session::Store;
+use crate::upstream::{BuildError, Upstreams};
+
+pub struct App {
+    pub config: Config,
+    pub sessions: Store,
+    pub upstreams: Upstreams,
+    pub counters: Counters,
+    /// The configured `[[system_messages]]`, ready to send.
+    pub instructions: Vec<Message>,
+}
+
+impl App {
+    pub fn new(config: Config) -> Result<Arc<Self>, BuildError> {
+        let upstreams = Upstreams::from_config(&config.upstreams)?;
+        let instructions = config
+            .system_messages
+            .iter()
+            .map(|s| {
+                let mut m = Message::new(&s.role, s.content.as_str());
+                m.name = s.name.clone();
+                m
+            })
+            .collect();
+        Ok(Arc::new(Self {
+            config,
+            sessions: Store::default(),
+            upstreams,
+            counters: Counters::default(),
+            instructions,
+        }))
+    }
+}
+
+/// recall's own id for each request. `x-request-id` is left to the
+/// upstream: the OpenAI SDKs read it as the provider's request id.
+pub const REQUEST_ID_HEADER: &str = "x-recall-request-id";
+
+#[derive(Clone, Default)]
+struct SequentialId(Arc<AtomicU64>);
+
+impl MakeRequestId for SequentialId {
+    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
+        let n = self.0.fetch_add(1, Ordering::Relaxed);
+        HeaderValue::try_from(format!("req-{n}"))
+            .ok()
+            .map(RequestId::new)
+    }
+}
+
+/// The router with its layers. Outermost first: a request id is set (or
+/// taken from the client), the trace span is opened with it, and the id is
+/// copied onto the response. Body size is enforced by the handlers, which
+/// answer with OpenAI's error shape rather than a bare 413.
+pub fn router(app: Arc<App>) -> Router {
+    let id_header = HeaderName::from_static(REQUEST_ID_HEADER);
+    crate::api::routes()
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(
+                    id_header.clone(),
+                    SequentialId::default(),
+                ))
+                .layer(TraceLayer::new_for_http())
+                .layer(PropagateRequestIdLayer::new(id_header)),
+        )
+        .with_state(app)
+}
+
+/// Serves until `shutdown` resolves, then lets requests in flight finish.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

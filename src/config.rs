@@ -1,0 +1,369 @@
+//! The TOML configuration: its shape, its defaults and the checks that run
+//! before the server starts. Every key is documented in the README.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config file {path}: `{key}` {message}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub session: SessionConfig,
+    #[serde(default)]
+    pub history: HistoryConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub system_messages: Vec<SystemMessage>,
+    #[serde(default)]
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            max_body_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    pub header: String,
+    pub required: bool,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            header: "x-session-id".into(),
+            required: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HistoryConfig {
+    /// How many of the newest stored messages are sent upstream (0 = all).
+    pub window_messages: usize,
+    /// Upper bound on the characters of the history sent upstream (0 = none).
+    pub window_chars: usize,
+    /// How many messages a session keeps (0 = all).
+    pub max_messages: usize,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            window_messages: 20,
+            window_chars: 0,
+            max_messages: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A `tracing` filter such as `info` or `recall=debug`; `RUST_LOG` wins.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SystemMessage {
+    #[serde(default = "default_system_role")]
+    pub role: String,
+    pub content: String,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+fn default_system_role() -> String {
+    "system".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub base_url: String,
+    /// Environment variable holding the API key. When it is unset or empty the
+    /// client's own `Authorization` header is forwarded instead.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_vendor")]
+    pub vendor: String,
+    #[serde(default = "default_models")]
+    pub models: Vec<String>,
+    /// Extra top-level body fields removed before the request goes upstream.
+    #[serde(default)]
+    pub strip_fields: Vec<String>,
+    /// Sent as the top-level `interruptable` field in vendor "custom" mode.
+    #[serde(default = "default_true")]
+    pub interruptable: bool,
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_secs: u64,
+    /// Time allowed until the upstream's response headers arrive.
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: u64,
+    /// Longest silence allowed between two reads of the response body.
+    #[serde(default = "default_read_timeout")]
+    pub read_timeout_secs: u64,
+    /// Static headers added to every upstream request (e.g. Azure's `api-key`).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+fn default_vendor() -> String {
+    "openai".into()
+}
+fn default_models() -> Vec<String> {
+    vec!["*".into()]
+}
+fn default_true() -> bool {
+    true
+}
+fn default_connect_timeout() -> u64 {
+    10
+}
+fn default_timeout() -> u64 {
+    120
+}
+fn default_read_timeout() -> u64 {
+    120
+}
+
+impl UpstreamConfig {
+    pub fn is_custom(&self) -> bool {
+        self.vendor == "custom"
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates config text; `path` only names the file in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, std::net::AddrParseError> {
+        self.server.listen.parse()
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: &str| ConfigError::Invalid {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            message: message.to_owned(),
+        };
+        if self.listen_addr().is_err() {
+            return Err(invalid(
+                "server.listen",
+                "must be an address such as \"127.0.0.1:8080\"",
+            ));
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(invalid("server.max_body_bytes", "must be greater than 0"));
+        }
+        if axum::http::HeaderName::try_from(self.session.header.as_str()).is_err() {
+            return Err(invalid("session.header", "is not a valid HTTP header name"));
+        }
+        let h = &self.history;
+        if h.max_messages != 0 && (h.window_messages == 0 || h.window_messages > h.max_messages) {
+            return Err(invalid(
+                "history.window_messages",
+                &format!(
+                    "({}) must not be larger than history.max_messages ({}); 0 means no limit",
+                    h.window_messages, h.max_messages
+                ),
+            ));
+        }
+        for (i, m) in self.system_messages.iter().enumerate() {
+            if m.role != "system" && m.role != "developer" {
+                return Err(invalid(
+                    &format!("system_messages[{i}].role"),
+                    "must be \"system\" or \"developer\"",
+                ));
+            }
+        }
+        if self.upstreams.is_empty() {
+            return Err(invalid(
+                "upstreams",
+                "needs at least one [[upstreams]] entry",
+            ));
+        }
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let key = |k: &str| format!("upstreams[{i}].{k}");
+            if u.name.trim().is_empty() {
+                return Err(invalid(&key("name"), "must not be empty"));
+            }
+            match reqwest::Url::parse(&u.base_url) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+                _ => {
+                    return Err(invalid(
+                        &key("base_url"),
+                        &format!("({:?}) must be an http(s) URL", u.base_url),
+                    ))
+                }
+            }
+            if u.models.is_empty() {
+                return Err(invalid(&key("models"), "must list at least one pattern"));
+            }
+            if u.timeout_secs == 0 || u.connect_timeout_secs == 0 || u.read_timeout_secs == 0 {
+                return Err(invalid(
+                    &key("timeout_secs"),
+                    "timeouts must be at least 1 second",
+                ));
+            }
+            for (name, value) in &u.headers {
+                if axum::http::HeaderName::try_from(name.as_str()).is_err()
+                    || axum::http::HeaderValue::try_from(value.as_str()).is_err()
+                {
+                    return Err(invalid(
+                        &key(&format!("headers.{name}")),
+                        "is not a valid header",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("test.toml"))
+    }
+
+    const UPSTREAM: &str = "[[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:1/v1\"\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = parse(UPSTREAM).unwrap();
+        assert_eq!(c.history.window_messages, 20);
+        assert_eq!(c.history.max_messages, 1000);
+        assert_eq!(c.session.header, "x-session-id");
+        assert_eq!(c.upstreams[0].vendor, "openai");
+        assert_eq!(c.upstreams[0].models, vec!["*"]);
+        assert!(c.upstreams[0].interruptable);
+    }
+
+    #[test]
+    fn shipped_config_is_valid() {
+        Config::load(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/recall.toml"
+        )))
+        .unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_key_and_file() {
+        let e = parse(&format!("[history]\nwindow_mesages = 3\n{UPSTREAM}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("window_mesages") && e.contains("test.toml"),
+            "{e}"
+        );
+
+        let e = parse("[history]\nwindow_messages = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("window_messages"), "{e}");
+
+        let e = parse("").unwrap_err().to_string();
+        assert!(e.contains("upstreams"), "{e}");
+
+        let e = parse("[[upstreams]]\nname = \"a\"\nbase_url = \"not a url\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("upstreams[0].base_url"), "{e}");
+
+        let e = parse(&format!(
+            "[history]\nwindow_messages = 50\nmax_messages = 10\n{UPSTREAM}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("history.window_messages"), "{e}");
+
+        let e = parse(&format!("[server]\nlisten = \"nowhere\"\n{UPSTREAM}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.listen"), "{e}");
+    }
+
+    #[test]
+    fn unlimited_window_needs_unlimited_max() {
+        assert!(parse(&format!(
+            "[history]\nwindow_messages = 0\nmax_messages = 0\n{UPSTREAM}"
+        ))
+        .is_ok());
+        assert!(parse(&format!("[history]\nwindow_messages = 0\n{UPSTREAM}")).is_err());
+    }
+}

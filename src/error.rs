@@ -1,0 +1,165 @@
+//! Errors recall itself answers with, split by whose fault they are, and
+//! mapped in this one place to OpenAI's error body and status.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// The client sent something recall cannot act on. Nothing was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{message}")]
+    Invalid {
+        message: String,
+        param: Option<String>,
+    },
+    #[error("request body is larger than the {limit} bytes allowed (server.max_body_bytes)")]
+    TooLarge { limit: usize },
+    #[error("a session id is required: send the `{header}` header, use the /sessions/{{session_id}}/v1/ path, or set `session_id` in the body")]
+    SessionRequired { header: String },
+    #[error("The model `{model}` does not exist or no upstream serves it")]
+    UnknownModel { model: String },
+    #[error("session `{id}` not found")]
+    SessionNotFound { id: String },
+    #[error("unknown route {method} {path}")]
+    NoRoute { method: String, path: String },
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+}
+
+impl RequestError {
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
+        RequestError::Invalid {
+            message: message.into(),
+            param: param.map(str::to_owned),
+        }
+    }
+}
+
+/// The upstream could not be reached or did not answer in time. An upstream
+/// that answers with an error status is not this: its answer is relayed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream `{upstream}` is unreachable: {reason}")]
+    Unreachable { upstream: String, reason: String },
+    #[error("upstream `{upstream}` did not answer within {secs} s")]
+    Timeout { upstream: String, secs: u64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// A bug in recall, not anybody's input; details are in the log.
+    #[error("internal error in recall")]
+    Internal,
+}
+
+impl ApiError {
+    fn parts(
+        &self,
+    ) -> (
+        StatusCode,
+        &'static str,
+        Option<String>,
+        Option<&'static str>,
+    ) {
+        use RequestError as R;
+        match self {
+            ApiError::Request(e) => match e {
+                R::Invalid { param, .. } => (
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    param.clone(),
+                    None,
+                ),
+                R::TooLarge { .. } => (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    None,
+                    Some("request_too_large"),
+                ),
+                R::SessionRequired { .. } => (
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    Some("session_id".into()),
+                    Some("session_required"),
+                ),
+                R::UnknownModel { .. } => (
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    Some("model".into()),
+                    Some("model_not_found"),
+                ),
+                R::SessionNotFound { .. } => (
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    Some("session_id".into()),
+                    Some("session_not_found"),
+                ),
+                R::MethodNotAllowed { .. } => (
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "invalid_request_error",
+                    None,
+                    Some("method_not_allowed"),
+                ),
+                R::NoRoute { .. } => (
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    None,
+                    Some("unknown_url"),
+                ),
+            },
+            ApiError::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                None,
+            ),
+            ApiError::Upstream(e) => match e {
+                UpstreamError::Unreachable { .. } => (
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_error",
+                    None,
+                    Some("upstream_unreachable"),
+                ),
+                UpstreamError::Timeout { .. } => (
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_error",
+                    None,
+                    Some("upstream_timeout"),
+                ),
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, kind, param, code) = self.parts();
+        let body = json!({"error": {
+            "message": self.to_string(),
+            "type": kind,
+            "param": param,
+            "code": code,
+        }});
+        let mut response = (status, axum::Json(body)).into_response();
+        if let ApiError::Upstream(_) = self {
+            // The OpenAI SDKs retry 5xx by default; a gateway error is
+            // worth retrying, which is what they would do anyway.
+            response
+                .headers_mut()
+                .insert("x-should-retry", HeaderValue::from_static("true"));
+        }
+        response
+    }
+}
+
+impl From<crate::message::MessageError> for ApiError {
+    fn from(e: crate::message::MessageError) -> Self {
+        let param = e.param();
+        RequestError::invalid(e.to_string(), Some(&param)).into()
+    }
+}

@@ -1,0 +1,24 @@
+//! recall: an OpenAI-compatible proxy that gives AI agents short-term memory.
+//!
+//! The request path, top to bottom (see ARCHITECTURE.md):
+//! `api` (route, parse) → `session` (lookup, turn lock) → `reconcile` →
+//! `window` → `vendor` (rewrite) → `upstream` → `relay` (stream + record).
+//! `reconcile`, `window`, `turns`, `vendor` and `accumulate` are pure.
+
+pub mod accumulate;
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod message;
+pub mod metrics;
+pub mod reconcile;
+pub mod relay;
+pub mod session;
+pub mod turns;
+pub mod upstream;
+pub mod vendor;
+pub mod window;
+
+pub use app::{router, serve, App};
+pub use config::Config;

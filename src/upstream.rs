@@ -1,0 +1,245 @@
+//! The LLM servers recall forwards to: routing by model, sending, and which
+//! headers cross in each direction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use bytes::Bytes;
+use wildmatch::WildMatch;
+
+use crate::config::UpstreamConfig;
+use crate::error::UpstreamError;
+use crate::vendor::VendorRules;
+
+/// Request headers a client sets that the upstream must see.
+const FORWARDED_REQUEST_HEADERS: &[&str] =
+    &["openai-organization", "openai-project", "openai-beta"];
+
+pub struct Upstream {
+    pub name: String,
+    pub rules: VendorRules,
+    base_url: String,
+    api_key: Option<String>,
+    patterns: Vec<WildMatch>,
+    headers: HeaderMap,
+    timeout: Duration,
+    client: reqwest::Client,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("upstream `{name}`: {message}")]
+pub struct BuildError {
+    name: String,
+    message: String,
+}
+
+impl Upstream {
+    pub fn from_config(c: &UpstreamConfig) -> Result<Self, BuildError> {
+        let fail = |message: String| BuildError {
+            name: c.name.clone(),
+            message,
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(c.connect_timeout_secs))
+            .read_timeout(Duration::from_secs(c.read_timeout_secs))
+            .user_agent(concat!("recall/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| fail(e.to_string()))?;
+        let mut headers = HeaderMap::new();
+        for (k, v) in &c.headers {
+            let name = HeaderName::try_from(k.as_str()).map_err(|e| fail(e.to_string()))?;
+            let value = HeaderValue::try_from(v.as_str()).map_err(|e| fail(e.to_string()))?;
+            headers.insert(name, value);
+        }
+        let api_key = c
+            .api_key_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|k| !k.is_empty());
+        Ok(Self {
+            name: c.name.clone(),
+            rules: VendorRules::from_config(c),
+            base_url: c.base_url.trim_end_matches('/').to_owned(),
+            api_key,
+            patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
+            headers,
+            timeout: Duration::from_secs(c.timeout_secs),
+            client,
+        })
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.patterns.iter().any(|p| p.matches(model))
+    }
+
+    /// Sends a request and waits for the response headers. `path` is relative
+    /// to the base URL, e.g. `/chat/completions`.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        client_headers: &HeaderMap,
+        body: Option<Bytes>,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let url = format!("{}{}", self.base_url, path);
+        let mut req = self
+            .client
+            .request(method, url)
+            .headers(self.request_headers(client_headers));
+        if let Some(body) = body {
+            req = req.header("content-type", "application/json").body(body);
+        }
+        match tokio::time::timeout(self.timeout, req.send()).await {
+            Err(_) => Err(self.timeout_error()),
+            Ok(Err(e)) if e.is_timeout() => Err(self.timeout_error()),
+            Ok(Err(e)) => Err(UpstreamError::Unreachable {
+                upstream: self.name.clone(),
+                reason: error_chain(&e),
+            }),
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+
+    pub fn timeout_error(&self) -> UpstreamError {
+        UpstreamError::Timeout {
+            upstream: self.name.clone(),
+            secs: self.timeout.as_secs(),
+        }
+    }
+
+    fn request_headers(&self, client: &HeaderMap) -> HeaderMap {
+        let mut out = self.headers.clone();
+        match &self.api_key {
+            Some(key) => {
+                if let Ok(v) = HeaderValue::try_from(format!("Bearer {key}")) {
+                    out.insert("authorization", v);
+                }
+            }
+            None => {
+                if let Some(v) = client.get("authorization") {
+                    out.insert("authorization", v.clone());
+                }
+            }
+        }
+        for name in FORWARDED_REQUEST_HEADERS {
+            if let Some(v) = client.get(*name) {
+                out.insert(*name, v.clone());
+            }
+        }
+        out
+    }
+}
+
+/// Response headers relayed to the client: the ones the OpenAI SDKs and
+/// agents read (request id, rate limits, retry hints, processing time).
+pub fn relayed_response_headers(upstream: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, value) in upstream {
+        let n = name.as_str();
+        if n == "content-type"
+            || n == "x-request-id"
+            || n == "retry-after"
+            || n == "retry-after-ms"
+            || n == "x-should-retry"
+            || n.starts_with("openai-")
+            || n.starts_with("x-ratelimit-")
+        {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// reqwest's top-level message hides the cause ("error sending request");
+/// the chain says what actually happened (connection refused, DNS, TLS).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// All configured upstreams, in config order.
+pub struct Upstreams {
+    list: Vec<Arc<Upstream>>,
+}
+
+impl Upstreams {
+    pub fn from_config(configs: &[UpstreamConfig]) -> Result<Self, BuildError> {
+        let list = configs
+            .iter()
+            .map(|c| Upstream::from_config(c).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { list })
+    }
+
+    /// The first upstream whose model patterns match.
+    pub fn route(&self, model: &str) -> Option<&Arc<Upstream>> {
+        self.list.iter().find(|u| u.serves(model))
+    }
+
+    pub fn first(&self) -> Option<&Arc<Upstream>> {
+        self.list.first()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(name: &str, models: &[&str]) -> UpstreamConfig {
+        let text = format!(
+            "name = {name:?}\nbase_url = \"http://127.0.0.1:9/v1/\"\nmodels = {models:?}\n"
+        );
+        toml::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn first_matching_pattern_wins() {
+        let ups = Upstreams::from_config(&[
+            upstream("local", &["llama-*", "qwen?"]),
+            upstream("openai", &["*"]),
+        ])
+        .unwrap();
+        assert_eq!(ups.route("llama-3").unwrap().name, "local");
+        assert_eq!(ups.route("qwen2").unwrap().name, "local");
+        assert_eq!(ups.route("qwen25").unwrap().name, "openai");
+        let only = Upstreams::from_config(&[upstream("local", &["llama-*"])]).unwrap();
+        assert!(only.route("gpt-4o").is_none());
+    }
+
+    #[test]
+    fn relays_only_client_relevant_headers() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("x-request-id", "r1"),
+            ("openai-processing-ms", "5"),
+            ("x-ratelimit-remaining-tokens", "9"),
+            ("retry-after", "1"),
+            ("content-type", "text/event-stream"),
+            ("content-length", "10"),
+            ("set-cookie", "a=b"),
+            ("connection", "close"),
+        ] {
+            h.insert(k, HeaderValue::from_static(v));
+        }
+        let out = relayed_response_headers(&h);
+        let mut names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "openai-processing-ms",
+                "retry-after",
+                "x-ratelimit-remaining-tokens",
+                "x-request-id"
+            ]
+        );
+    }
+}
