@@ -1,0 +1,367 @@
+//! Test harness: a scripted mock upstream that records every request it
+//! receives, and a real recall server on an ephemeral port in front of it.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+/// What the mock upstream answers to one request.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// A JSON body with a status and extra headers.
+    Json {
+        status: u16,
+        body: Value,
+        headers: Vec<(&'static str, &'static str)>,
+    },
+    /// An SSE stream: each chunk is written after its delay.
+    Sse { chunks: Vec<(Duration, String)> },
+    /// Never answers.
+    Hang,
+}
+
+/// A request the mock upstream received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl Received {
+    pub fn messages(&self) -> &Vec<Value> {
+        self.body["messages"].as_array().expect("messages array")
+    }
+
+    /// `role: content` of every message, for compact assertions.
+    pub fn transcript(&self) -> Vec<String> {
+        self.messages()
+            .iter()
+            .map(|m| {
+                format!(
+                    "{}: {}",
+                    m["role"].as_str().unwrap_or("?"),
+                    text(&m["content"])
+                )
+            })
+            .collect()
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "<null>".into(),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Default)]
+struct MockState {
+    script: Mutex<VecDeque<Reply>>,
+    received: Mutex<Vec<Received>>,
+    /// Streams whose body was dropped before its last chunk was written.
+    streams_cut: AtomicUsize,
+    calls: AtomicUsize,
+}
+
+#[derive(Clone)]
+pub struct MockUpstream {
+    pub addr: SocketAddr,
+    state: Arc<MockState>,
+}
+
+impl MockUpstream {
+    pub async fn start() -> Self {
+        let state = Arc::new(MockState::default());
+        let router = axum::Router::new()
+            .fallback(mock_handler)
+            .with_state(Arc::clone(&state));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        Self { addr, state }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Queues the answers to the next requests, in order. When the queue is
+    /// empty the mock answers with a completion "reply N" (N counts calls).
+    pub fn push(&self, reply: Reply) {
+        self.state.script.lock().unwrap().push_back(reply);
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    pub fn last(&self) -> Received {
+        self.received()
+            .pop()
+            .expect("the upstream received no request")
+    }
+
+    pub fn streams_cut(&self) -> usize {
+        self.state.streams_cut.load(Ordering::SeqCst)
+    }
+}
+
+async fn mock_handler(
+    State(state): State<Arc<MockState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let n = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    state.received.lock().unwrap().push(Received {
+        path: uri.path().to_owned(),
+        headers,
+        body,
+    });
+    if uri.path().ends_with("/models") {
+        return json_response(
+            200,
+            json!({"object": "list", "data": [{"id": "mock-model"}]}),
+            &[],
+        );
+    }
+    let reply = state.script.lock().unwrap().pop_front();
+    match reply.unwrap_or_else(|| completion(&format!("reply {n}"))) {
+        Reply::Json {
+            status,
+            body,
+            headers,
+        } => json_response(status, body, &headers),
+        Reply::Hang => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            json_response(500, Value::Null, &[])
+        }
+        Reply::Sse { chunks } => sse_response(chunks, state),
+    }
+}
+
+fn json_response(status: u16, body: Value, headers: &[(&str, &str)]) -> Response {
+    let mut b = Response::builder()
+        .status(StatusCode::from_u16(status).unwrap())
+        .header("content-type", "application/json")
+        .header("x-request-id", "req-upstream-1")
+        .header("openai-processing-ms", "7")
+        .header("x-ratelimit-remaining-requests", "99");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Body::from(body.to_string())).unwrap()
+}
+
+/// Counts a stream as cut when its body is dropped before the last chunk.
+struct CutGuard {
+    state: Arc<MockState>,
+    finished: bool,
+}
+
+impl Drop for CutGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.state.streams_cut.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn sse_response(chunks: Vec<(Duration, String)>, state: Arc<MockState>) -> Response {
+    let guard = CutGuard {
+        state,
+        finished: false,
+    };
+    let stream = futures_util::stream::unfold(
+        (VecDeque::from(chunks), guard),
+        |(mut chunks, mut guard)| async move {
+            let (delay, chunk) = chunks.pop_front()?;
+            tokio::time::sleep(delay).await;
+            if chunks.is_empty() {
+                guard.finished = true;
+            }
+            Some((Ok::<_, std::io::Error>(chunk), (chunks, guard)))
+        },
+    );
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("x-request-id", "req-upstream-sse")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+/// A non-streaming completion whose reply is `content`.
+pub fn completion(content: &str) -> Reply {
+    Reply::Json {
+        status: 200,
+        body: json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "mock-model",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": content, "refusal": null}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        }),
+        headers: vec![],
+    }
+}
+
+pub fn error_reply(status: u16, message: &str) -> Reply {
+    Reply::Json {
+        status,
+        body: json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}),
+        headers: vec![],
+    }
+}
+
+/// One `data:` event of a chat.completion.chunk with a choice-0 delta.
+pub fn delta_event(delta: Value) -> String {
+    let chunk = json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+                       "model": "mock-model",
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
+    format!("data: {chunk}\n\n")
+}
+
+/// A streamed text reply, one delta per piece, each after `delay`, then a
+/// finish chunk, a usage chunk with `choices: []`, and `[DONE]`.
+pub fn sse_text(pieces: &[&str], delay: Duration) -> Reply {
+    let mut chunks = vec![(
+        Duration::ZERO,
+        delta_event(json!({"role": "assistant", "content": ""})),
+    )];
+    for p in pieces {
+        chunks.push((delay, delta_event(json!({"content": p}))));
+    }
+    chunks.push((Duration::ZERO, sse_tail()));
+    Reply::Sse { chunks }
+}
+
+pub fn sse_tail() -> String {
+    let finish = json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+                        "model": "mock-model",
+                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    let usage = json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+                       "model": "mock-model", "choices": [],
+                       "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
+    format!("data: {finish}\n\ndata: {usage}\n\ndata: [DONE]\n\n")
+}
+
+/// A recall server in front of a mock upstream.
+pub struct Harness {
+    pub url: String,
+    pub upstream: MockUpstream,
+    pub app: Arc<recall::App>,
+    pub client: reqwest::Client,
+}
+
+impl Harness {
+    /// Starts recall with the given TOML (without `[[upstreams]]`) and one
+    /// upstream pointing at a fresh mock, with `upstream_extra` lines added.
+    pub async fn start(config: &str, upstream_extra: &str) -> Self {
+        let upstream = MockUpstream::start().await;
+        let toml = format!(
+            "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n{upstream_extra}\n",
+            upstream.base_url()
+        );
+        Self::with_config(&toml, upstream).await
+    }
+
+    pub async fn with_config(toml: &str, upstream: MockUpstream) -> Self {
+        let config = recall::Config::parse(toml, std::path::Path::new("test.toml"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let app = recall::App::new(config).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let served = Arc::clone(&app);
+        tokio::spawn(async move { recall::serve(listener, served, std::future::pending()).await });
+        Self {
+            url,
+            upstream,
+            app,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn default() -> Self {
+        Self::start("", "").await
+    }
+
+    /// POSTs a chat completion for `session` (header form) and returns the
+    /// status and the parsed body.
+    pub async fn chat(&self, session: Option<&str>, body: Value) -> (u16, Value) {
+        let mut req = self
+            .client
+            .post(format!("{}/v1/chat/completions", self.url))
+            .json(&body);
+        if let Some(s) = session {
+            req = req.header("x-session-id", s);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Sends one user message in `session` and returns the reply text.
+    pub async fn say(&self, session: &str, text: &str) -> String {
+        let (status, body) = self
+            .chat(
+                Some(session),
+                json!({"model": "gpt-test", "messages": [{"role": "user", "content": text}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    pub async fn history(&self, session: &str) -> (u16, Value) {
+        let resp = self
+            .client
+            .get(format!("{}/v1/sessions/{session}/history", self.url))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap())
+    }
+
+    /// `role: content` of every stored message.
+    pub async fn transcript(&self, session: &str) -> Vec<String> {
+        let (status, h) = self.history(session).await;
+        assert_eq!(status, 200, "{h}");
+        h["contents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| format!("{}: {}", m["role"].as_str().unwrap(), text(&m["content"])))
+            .collect()
+    }
+}
+
+pub fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+pub fn assistant(text: &str) -> Value {
+    json!({"role": "assistant", "content": text})
+}
+
+pub fn system(text: &str) -> Value {
+    json!({"role": "system", "content": text})
+}
