@@ -1,0 +1,219 @@
+//! Streaming relay: events reach the client as they arrive, bytes unchanged,
+//! and the accumulated reply is remembered.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+async fn stream_request(h: &Harness, session: &str, body: Value) -> reqwest::Response {
+    h.client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", session)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn events_are_relayed_as_they_arrive_and_the_reply_is_remembered() {
+    let h = Harness::default().await;
+    let gap = Duration::from_millis(400);
+    h.upstream.push(sse_text(&["Hel", "lo ", "there"], gap));
+    let started = Instant::now();
+    let resp = stream_request(
+        &h,
+        "st",
+        json!({"model": "m", "stream": true, "stream_options": {"include_usage": true},
+               "messages": [user("hi")]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    assert_eq!(resp.headers()["x-request-id"], "req-upstream-sse");
+
+    let mut body = resp.bytes_stream();
+    let mut received = Vec::new();
+    let mut first_content_at = None;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.unwrap();
+        if first_content_at.is_none() && String::from_utf8_lossy(&chunk).contains("Hel") {
+            first_content_at = Some(started.elapsed());
+        }
+        received.extend_from_slice(&chunk);
+    }
+    let total = started.elapsed();
+    // The first piece came long before the three gaps of the whole reply.
+    let first = first_content_at.expect("first delta");
+    assert!(first < gap * 2, "first delta after {first:?}");
+    assert!(total >= gap * 3, "whole stream in {total:?}");
+
+    // The bytes are the upstream's own, with [DONE] last.
+    let text = String::from_utf8(received).unwrap();
+    let expected: String = [
+        delta_event(json!({"role": "assistant", "content": ""})),
+        delta_event(json!({"content": "Hel"})),
+        delta_event(json!({"content": "lo "})),
+        delta_event(json!({"content": "there"})),
+        sse_tail(),
+    ]
+    .concat();
+    assert_eq!(text, expected);
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+
+    // stream_options passed through, and the reply is in memory.
+    assert_eq!(
+        h.upstream.last().body["stream_options"]["include_usage"],
+        true
+    );
+    assert_eq!(
+        h.transcript("st").await,
+        ["user: hi", "assistant: Hello there"]
+    );
+    let (_, hist) = h.history("st").await;
+    assert_eq!(hist["contents"][1]["metadata"]["source"], "llm");
+    assert_eq!(hist["contents"][1]["turn_id"], 1);
+    // Next turn sends the streamed reply back as history.
+    h.say("st", "again").await;
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: hi", "assistant: Hello there", "user: again"]
+    );
+}
+
+#[tokio::test]
+async fn streamed_tool_calls_are_accumulated() {
+    let h = Harness::default().await;
+    let z = Duration::ZERO;
+    h.upstream.push(Reply::Sse {
+        chunks: vec![
+            (
+                z,
+                delta_event(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"index": 0, "id": "call_a", "type": "function",
+                 "function": {"name": "get_weather", "arguments": ""}}]})),
+            ),
+            (
+                z,
+                delta_event(
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}),
+                ),
+            ),
+            (
+                z,
+                delta_event(
+                    json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                 "function": {"name": "get_time", "arguments": "{}"}}]}),
+                ),
+            ),
+            (
+                z,
+                delta_event(
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}),
+                ),
+            ),
+            (z, sse_tail()),
+        ],
+    });
+    let resp = stream_request(
+        &h,
+        "tools",
+        json!({"model": "m", "stream": true, "messages": [user("weather?")]}),
+    )
+    .await;
+    resp.bytes().await.unwrap();
+    let (_, hist) = h.history("tools").await;
+    let reply = &hist["contents"][1];
+    assert_eq!(reply["content"], Value::Null);
+    assert_eq!(
+        reply["tool_calls"],
+        json!([
+            {"id": "call_a", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+        ])
+    );
+}
+
+#[tokio::test]
+async fn only_choice_zero_is_remembered_when_n_is_greater_than_one() {
+    let h = Harness::default().await;
+    let z = Duration::ZERO;
+    let chunk = |index: u64, text: &str| {
+        let c = json!({"object": "chat.completion.chunk",
+                       "choices": [{"index": index, "delta": {"content": text}, "finish_reason": null}]});
+        (z, format!("data: {c}\n\n"))
+    };
+    h.upstream.push(Reply::Sse {
+        chunks: vec![
+            chunk(1, "B1 "),
+            chunk(0, "A1 "),
+            chunk(1, "B2"),
+            chunk(0, "A2"),
+            (z, sse_tail()),
+        ],
+    });
+    let resp = stream_request(
+        &h,
+        "n2",
+        json!({"model": "m", "n": 2, "stream": true, "messages": [user("q")]}),
+    )
+    .await;
+    resp.bytes().await.unwrap();
+    assert_eq!(h.transcript("n2").await, ["user: q", "assistant: A1 A2"]);
+    assert_eq!(h.upstream.last().body["n"], 2);
+}
+
+#[tokio::test]
+async fn events_split_across_reads_are_put_back_together() {
+    let h = Harness::default().await;
+    let whole = [
+        delta_event(json!({"role": "assistant", "content": "split "})),
+        delta_event(json!({"content": "across reads"})),
+        sse_tail(),
+    ]
+    .concat();
+    // Cut the stream in awkward places: inside "data:", inside the JSON,
+    // between the two newlines.
+    let cuts = [3, 40, whole.find("\n\n").unwrap() + 1, whole.len() - 5];
+    let mut chunks = Vec::new();
+    let mut last = 0;
+    for c in cuts {
+        chunks.push((Duration::from_millis(20), whole[last..c].to_owned()));
+        last = c;
+    }
+    chunks.push((Duration::from_millis(20), whole[last..].to_owned()));
+    h.upstream.push(Reply::Sse { chunks });
+    let resp = stream_request(
+        &h,
+        "split",
+        json!({"model": "m", "stream": true, "messages": [user("q")]}),
+    )
+    .await;
+    assert_eq!(resp.text().await.unwrap(), whole);
+    assert_eq!(
+        h.transcript("split").await,
+        ["user: q", "assistant: split across reads"]
+    );
+}
+
+#[tokio::test]
+async fn a_streaming_request_answered_with_an_error_is_relayed_whole() {
+    let h = Harness::default().await;
+    h.upstream.push(error_reply(429, "slow down"));
+    let resp = stream_request(
+        &h,
+        "err",
+        json!({"model": "m", "stream": true, "messages": [user("q")]}),
+    )
+    .await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()["x-ratelimit-remaining-requests"], "99");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["message"], "slow down");
+    assert_eq!(h.transcript("err").await, ["user: q"]);
+}
