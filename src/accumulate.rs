@@ -39,18 +39,42 @@ struct ToolFunction {
     arguments: String,
 }
 
+/// The `data` of one SSE event, parsed once and then applied to as many
+/// accumulators as need it (what arrived, what went out).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Done,
+    Chunk(Value),
+    Malformed,
+}
+
+impl Event {
+    pub fn parse(data: &str) -> Self {
+        let data = data.trim();
+        if data == "[DONE]" {
+            return Event::Done;
+        }
+        serde_json::from_str(data).map_or(Event::Malformed, Event::Chunk)
+    }
+}
+
 impl ReplyAccumulator {
     /// Takes the `data` of one SSE event.
     pub fn push_data(&mut self, data: &str) {
-        let data = data.trim();
-        if data == "[DONE]" {
-            self.done = true;
-            return;
+        self.push(&Event::parse(data));
+    }
+
+    pub fn push(&mut self, event: &Event) {
+        match event {
+            Event::Done => self.done = true,
+            Event::Chunk(chunk) => self.push_chunk(chunk),
+            Event::Malformed => self.malformed += 1,
         }
-        match serde_json::from_str::<Value>(data) {
-            Ok(chunk) => self.push_chunk(&chunk),
-            Err(_) => self.malformed += 1,
-        }
+    }
+
+    /// The reply reached its end: `[DONE]`, or choice 0 finished.
+    pub fn is_complete(&self) -> bool {
+        self.done || self.finished
     }
 
     pub fn push_chunk(&mut self, chunk: &Value) {

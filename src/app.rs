@@ -16,14 +16,15 @@ use tower_http::trace::TraceLayer;
 use crate::config::Config;
 use crate::message::Message;
 use crate::metrics::Counters;
-use crate::session::Store;
+use crate::session::{Policy, Store};
 use crate::upstream::{BuildError, Upstreams};
 
 pub struct App {
     pub config: Config,
     pub sessions: Store,
     pub upstreams: Upstreams,
-    pub counters: Counters,
+    pub counters: Arc<Counters>,
+    pub policy: Arc<Policy>,
     /// The configured `[[system_messages]]`, ready to send.
     pub instructions: Vec<Message>,
 }
@@ -40,11 +41,18 @@ impl App {
                 m
             })
             .collect();
+        let counters = Arc::new(Counters::default());
+        let policy = Arc::new(Policy {
+            history: config.history.clone(),
+            on_new_request: config.interruption.on_new_request,
+            counters: Arc::clone(&counters),
+        });
         Ok(Arc::new(Self {
             config,
             sessions: Store::default(),
             upstreams,
-            counters: Counters::default(),
+            counters,
+            policy,
             instructions,
         }))
     }

@@ -33,6 +33,8 @@ pub struct Config {
     #[serde(default)]
     pub history: HistoryConfig,
     #[serde(default)]
+    pub interruption: InterruptionConfig,
+    #[serde(default)]
     pub log: LogConfig,
     #[serde(default)]
     pub system_messages: Vec<SystemMessage>,
@@ -72,7 +74,7 @@ impl Default for SessionConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HistoryConfig {
     /// How many of the newest stored messages are sent upstream (0 = all).
@@ -81,6 +83,9 @@ pub struct HistoryConfig {
     pub window_chars: usize,
     /// How many messages a session keeps (0 = all).
     pub max_messages: usize,
+    /// When set, a failed upstream call is recorded as an assistant message
+    /// with this content and `metadata.source = "llm_failure"`.
+    pub failure_message: Option<String>,
 }
 
 impl Default for HistoryConfig {
@@ -89,8 +94,54 @@ impl Default for HistoryConfig {
             window_messages: 20,
             window_chars: 0,
             max_messages: 1000,
+            failure_message: None,
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InterruptionConfig {
+    /// Keep reading the upstream after the client has gone, to store the
+    /// complete reply as `metadata.original`.
+    pub capture_original: bool,
+    pub drain_timeout_secs: u64,
+    pub drain_max_bytes: usize,
+    pub on_new_request: OnNewRequest,
+}
+
+impl Default for InterruptionConfig {
+    fn default() -> Self {
+        Self {
+            capture_original: true,
+            drain_timeout_secs: 30,
+            drain_max_bytes: 1024 * 1024,
+            on_new_request: OnNewRequest::Interrupt,
+        }
+    }
+}
+
+/// What a request does when its session still has a reply in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnNewRequest {
+    /// Barge-in: the reply in flight is recorded as interrupted.
+    Interrupt,
+    /// The new request gets 409.
+    Reject,
+}
+
+/// How an interrupted reply is shown to the model in later turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum InterruptedRendering {
+    /// The text that went out, as stored.
+    #[default]
+    Truncated,
+    /// The complete text the model generated.
+    Original,
+    /// The text that went out followed by a marker.
+    Annotated,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -161,6 +212,14 @@ pub struct UpstreamConfig {
     /// Static headers added to every upstream request (e.g. Azure's `api-key`).
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub interrupted: InterruptedRendering,
+    #[serde(default = "default_marker")]
+    pub interrupted_marker: String,
+}
+
+fn default_marker() -> String {
+    " [interrupted by user]".into()
 }
 
 fn default_vendor() -> String {
@@ -238,6 +297,13 @@ impl Config {
                     "({}) must not be larger than history.max_messages ({}); 0 means no limit",
                     h.window_messages, h.max_messages
                 ),
+            ));
+        }
+        let int = &self.interruption;
+        if int.capture_original && (int.drain_timeout_secs == 0 || int.drain_max_bytes == 0) {
+            return Err(invalid(
+                "interruption.drain_timeout_secs",
+                "and drain_max_bytes must be greater than 0 (set capture_original = false instead)",
             ));
         }
         for (i, m) in self.system_messages.iter().enumerate() {

@@ -23,6 +23,14 @@ pub enum RequestError {
     SessionNotFound { id: String },
     #[error("unknown route {method} {path}")]
     NoRoute { method: String, path: String },
+    #[error("this reply was interrupted by a newer request or the interrupt endpoint")]
+    Interrupted,
+    #[error(
+        "session `{id}` already has a reply in flight ([interruption] on_new_request = \"reject\")"
+    )]
+    Busy { id: String },
+    #[error("session `{id}` has no assistant reply to interrupt")]
+    NothingToInterrupt { id: String },
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
 }
@@ -99,6 +107,24 @@ impl ApiError {
                     Some("session_id".into()),
                     Some("session_not_found"),
                 ),
+                R::Interrupted => (
+                    StatusCode::CONFLICT,
+                    "invalid_request_error",
+                    None,
+                    Some("interrupted"),
+                ),
+                R::Busy { .. } => (
+                    StatusCode::CONFLICT,
+                    "invalid_request_error",
+                    Some("session_id".into()),
+                    Some("session_busy"),
+                ),
+                R::NothingToInterrupt { .. } => (
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    None,
+                    Some("nothing_to_interrupt"),
+                ),
                 R::MethodNotAllowed { .. } => (
                     StatusCode::METHOD_NOT_ALLOWED,
                     "invalid_request_error",
@@ -146,12 +172,19 @@ impl IntoResponse for ApiError {
             "code": code,
         }});
         let mut response = (status, axum::Json(body)).into_response();
-        if let ApiError::Upstream(_) = self {
-            // The OpenAI SDKs retry 5xx by default; a gateway error is
-            // worth retrying, which is what they would do anyway.
+        // The OpenAI SDKs obey `x-should-retry`. Gateway errors are worth a
+        // retry; a 409 about turn order is not (they retry 409 by default).
+        let retry = match self {
+            ApiError::Upstream(_) => Some("true"),
+            ApiError::Request(RequestError::Interrupted | RequestError::Busy { .. }) => {
+                Some("false")
+            }
+            _ => None,
+        };
+        if let Some(v) = retry {
             response
                 .headers_mut()
-                .insert("x-should-retry", HeaderValue::from_static("true"));
+                .insert("x-should-retry", HeaderValue::from_static(v));
         }
         response
     }

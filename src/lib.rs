@@ -10,6 +10,8 @@ pub mod api;
 pub mod app;
 pub mod config;
 pub mod error;
+pub mod inflight;
+pub mod interruption;
 pub mod message;
 pub mod metrics;
 pub mod reconcile;

@@ -6,54 +6,121 @@
 
 use serde_json::Value;
 
+use crate::interruption::{is_failure, is_interrupted};
 use crate::message::Message;
 
-/// How many leading messages of `incoming` are already the tail of
-/// `history`. The rest of `incoming` is new and is to be appended.
+/// The outcome of lining a request up with the stored history.
+#[derive(Debug, Default, PartialEq)]
+pub struct Reconciled {
+    /// How many leading messages of the request are already stored; the
+    /// rest are new and are to be appended.
+    pub overlap: usize,
+    /// Stored assistant replies (by history index) that the client resent
+    /// shortened: the shorter text is what the user heard.
+    pub shortened: Vec<(usize, String)>,
+}
+
+/// Finds the longest run of leading request messages that lines up with
+/// the end of the history. Instructions (system and developer messages)
+/// must already have been removed from `incoming`.
 ///
-/// The longest overlap wins: `incoming[..k]` must line up, message by
-/// message, with the last `k` stored messages. Instructions (system and
-/// developer messages) must already have been removed from `incoming`.
-pub fn overlap(history: &[Message], incoming: &[Message]) -> usize {
-    let longest = history.len().min(incoming.len());
-    (1..=longest)
-        .rev()
-        .find(|&k| {
-            let tail = &history[history.len() - k..];
-            tail.iter().zip(&incoming[..k]).all(|(h, m)| lines_up(h, m))
-        })
-        .unwrap_or(0)
+/// Replies the client never saw whole may be missing from what it resends:
+/// interrupted replies (a voice framework may drop what was not spoken) and
+/// recorded failures. Such stored messages may be skipped. But a request
+/// that matches only by skipping an interrupted reply at the very end, with
+/// nothing after it, is a new utterance (the user said the same thing again
+/// after being answered), not a retry.
+pub fn reconcile(history: &[Message], incoming: &[Message]) -> Reconciled {
+    let mut best = Reconciled::default();
+    for start in 0..history.len() {
+        if best.overlap == incoming.len() {
+            break;
+        }
+        if let Some(found) = align(history, start, incoming) {
+            if found.overlap > best.overlap {
+                best = found;
+            }
+        }
+    }
+    best
 }
 
 /// The messages of `incoming` that are new to `history`.
 pub fn to_append<'a>(history: &[Message], incoming: &'a [Message]) -> &'a [Message] {
-    &incoming[overlap(history, incoming)..]
+    &incoming[reconcile(history, incoming).overlap..]
+}
+
+/// Lines `incoming` up against `history[start..]`, which must be used up.
+fn align(history: &[Message], start: usize, incoming: &[Message]) -> Option<Reconciled> {
+    let mut found = Reconciled::default();
+    let mut skipped_interrupted_at_end = false;
+    for (i, stored) in history.iter().enumerate().skip(start) {
+        let sent = incoming.get(found.overlap);
+        match sent.map(|m| lines_up(stored, m)) {
+            Some(Match::Same) => {}
+            Some(Match::Shortened(text)) => found.shortened.push((i, text)),
+            Some(Match::No) | None => {
+                if is_failure(stored) {
+                    continue;
+                }
+                if stored.role == "assistant" && is_interrupted(stored) {
+                    skipped_interrupted_at_end = true;
+                    continue;
+                }
+                return None;
+            }
+        }
+        found.overlap += 1;
+        skipped_interrupted_at_end = false;
+    }
+    if found.overlap == 0 || (skipped_interrupted_at_end && found.overlap == incoming.len()) {
+        return None;
+    }
+    Some(found)
+}
+
+enum Match {
+    No,
+    Same,
+    Shortened(String),
 }
 
 /// Whether a message a client sent is the same as a stored one: the role,
 /// the content and the tool-call ids agree. A client may send an assistant
 /// message shortened to what its user actually heard, so an assistant
 /// message whose text is a prefix of the stored text lines up too.
-fn lines_up(stored: &Message, sent: &Message) -> bool {
+fn lines_up(stored: &Message, sent: &Message) -> Match {
     if stored.role != sent.role || stored.tool_call_id != sent.tool_call_id {
-        return false;
+        return Match::No;
     }
     if !stored.tool_call_ids().eq(sent.tool_call_ids()) {
-        return false;
+        return Match::No;
     }
     if stored.content == sent.content {
-        return true;
+        return Match::Same;
+    }
+    if stored.role != "assistant" {
+        return Match::No;
     }
     match (&stored.content, &sent.content) {
-        (Value::String(full), Value::String(part)) if stored.role == "assistant" => {
-            full.starts_with(part.as_str())
+        (Value::String(full), Value::String(part)) if full.starts_with(part.as_str()) => {
+            Match::Shortened(part.clone())
+        }
+        // Longer than what went out, but part of what was generated: the
+        // client knows more than recall relayed; keep the record as it is.
+        (Value::String(_), Value::String(part))
+            if stored
+                .meta_str(crate::interruption::ORIGINAL)
+                .is_some_and(|o| o.starts_with(part.as_str())) =>
+        {
+            Match::Same
         }
         // An assistant message with only tool calls may come back as
         // `content: ""` from some clients and `null` from others.
-        (Value::Null, Value::String(s)) | (Value::String(s), Value::Null) => {
-            stored.role == "assistant" && s.is_empty()
+        (Value::Null, Value::String(s)) | (Value::String(s), Value::Null) if s.is_empty() => {
+            Match::Same
         }
-        _ => false,
+        _ => Match::No,
     }
 }
 
@@ -148,6 +215,55 @@ mod tests {
         assert!(to_append(&h, &[u("q"), call("c1"), result("c1")]).is_empty());
         assert_eq!(to_append(&h, &[call("c2"), result("c2")]).len(), 2);
         assert_eq!(to_append(&h, &[result("c2")]).len(), 1);
+    }
+
+    fn cut(text: &str, original: &str) -> Message {
+        crate::interruption::interrupted_reply(a(text), &a(original), true, 1, None)
+    }
+
+    #[test]
+    fn a_shortened_reply_is_reported() {
+        let h = [u("joke?"), a("Why did the scarecrow win?")];
+        let r = reconcile(&h, &[u("joke?"), a("Why did"), u("story")]);
+        assert_eq!(r.overlap, 2);
+        assert_eq!(r.shortened, vec![(1, "Why did".to_owned())]);
+        // The same text is no correction.
+        let r = reconcile(&h, &[u("joke?"), a("Why did the scarecrow win?"), u("x")]);
+        assert!(r.shortened.is_empty());
+    }
+
+    #[test]
+    fn a_client_may_leave_out_an_interrupted_reply() {
+        let h = [u("joke?"), cut("Why", "Why did the scarecrow")];
+        assert_eq!(
+            contents(to_append(&h, &[u("joke?"), u("story")])),
+            ["story"]
+        );
+        // A delta client's new message is still new.
+        assert_eq!(contents(to_append(&h, &[u("story")])), ["story"]);
+        // Saying the same thing again after a cut reply is a new utterance.
+        assert_eq!(contents(to_append(&h, &[u("joke?")])), ["joke?"]);
+        // In the middle of a resent conversation too.
+        let h = [u("1"), cut("", "x"), u("2"), a("b")];
+        assert_eq!(
+            contents(to_append(&h, &[u("1"), u("2"), a("b"), u("3")])),
+            ["3"]
+        );
+    }
+
+    #[test]
+    fn a_recorded_failure_does_not_turn_a_retry_into_a_duplicate() {
+        let fail = crate::interruption::failure_reply("Sorry.", "503");
+        let h = [u("a"), a("b"), u("q"), fail];
+        assert!(to_append(&h, &[u("q")]).is_empty());
+        assert_eq!(contents(to_append(&h, &[u("q"), u("next")])), ["next"]);
+    }
+
+    #[test]
+    fn text_beyond_what_went_out_still_lines_up() {
+        let h = [u("q"), cut("Why", "Why did it")];
+        let r = reconcile(&h, &[u("q"), a("Why did"), u("n")]);
+        assert_eq!((r.overlap, r.shortened.len()), (2, 0));
     }
 
     #[test]

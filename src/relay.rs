@@ -1,11 +1,16 @@
-//! Calling the upstream and relaying its answer, then recording the reply.
+//! Calling the upstream, relaying its answer, and settling the reply.
 //!
-//! The call runs in a task of its own, not in the request handler: when the
-//! client goes away the handler's future is dropped, but the task keeps
-//! reading the upstream so that the reply is still recorded (and the turn
-//! lock is released only once it is).
+//! The call runs in a task of its own, not in the request handler. When the
+//! client goes away, only the handler's future and the response body are
+//! dropped; their guards settle the reply as interrupted at once, and the
+//! task goes on reading the upstream (within the drain limits) to record
+//! the complete original, or closes it at once when configured to.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, StatusCode};
@@ -13,56 +18,83 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use crate::accumulate::{self, ReplyAccumulator};
-use crate::app::App;
-use crate::error::{ApiError, UpstreamError};
-use crate::session::Turn;
+use crate::accumulate::{self, Event};
+use crate::config::InterruptionConfig;
+use crate::error::{ApiError, RequestError, UpstreamError};
+use crate::inflight::InFlight;
 use crate::upstream::{relayed_response_headers, Upstream};
 
 /// Chunks buffered between the upstream reader and a slow client.
 const RELAY_BUFFER: usize = 64;
 
 pub struct Exchange {
-    pub app: Arc<App>,
     pub upstream: Arc<Upstream>,
     pub client_headers: HeaderMap,
     pub body: Bytes,
-    /// The open turn of the session, or `None` for a stateless request.
-    pub turn: Option<Turn>,
+    pub flight: Arc<InFlight>,
+    pub drain: InterruptionConfig,
 }
 
 type Head = Result<Response, ApiError>;
 
 /// Starts the exchange and waits for the response to give the client.
 pub async fn start(exchange: Exchange) -> Head {
+    let flight = Arc::clone(&exchange.flight);
     let (tx, rx) = oneshot::channel();
     tokio::spawn(run(exchange, tx));
-    rx.await.unwrap_or_else(|_| {
-        tracing::error!("relay task ended without an answer");
-        Err(ApiError::Internal)
-    })
+    // Dropped with this future when the client goes away before the head.
+    let guard = GoneGuard(Some(Arc::clone(&flight)));
+    let head = tokio::select! {
+        head = rx => head.unwrap_or_else(|_| {
+            tracing::error!("relay task ended without an answer");
+            Err(ApiError::Internal)
+        }),
+        // Interrupted before the answer began (barge-in, interrupt endpoint).
+        _ = flight.cut_token().cancelled() => Err(RequestError::Interrupted.into()),
+    };
+    guard.disarm();
+    head
+}
+
+/// Settles the reply as interrupted if dropped while armed.
+struct GoneGuard(Option<Arc<InFlight>>);
+
+impl GoneGuard {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GoneGuard {
+    fn drop(&mut self) {
+        if let Some(flight) = self.0.take() {
+            flight.client_gone();
+        }
+    }
 }
 
 async fn run(ex: Exchange, respond: oneshot::Sender<Head>) {
-    let sent = ex
-        .upstream
-        .send(
-            Method::POST,
-            "/chat/completions",
-            &ex.client_headers,
-            Some(ex.body.clone()),
-        )
-        .await;
-    let resp = match sent {
-        Ok(resp) => resp,
-        Err(e) => {
+    let mut watch = CutWatch::new(&ex);
+    let sent = ex.upstream.send(
+        Method::POST,
+        "/chat/completions",
+        &ex.client_headers,
+        Some(ex.body.clone()),
+    );
+    let resp = match watch.run(sent).await {
+        None => return ex.flight.drained(false),
+        Some(Err(e)) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %e, "upstream call failed");
-            // The user's message is already in the history; it stays.
+            ex.flight.failed(&e.to_string());
             let _ = respond.send(Err(e.into()));
             return;
         }
+        Some(Ok(resp)) => resp,
     };
+    ex.flight.started(now_ms());
     let status = resp.status();
     let headers = relayed_response_headers(resp.headers());
     let is_sse = headers
@@ -70,23 +102,25 @@ async fn run(ex: Exchange, respond: oneshot::Sender<Head>) {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if status.is_success() && is_sse {
-        stream(ex, resp, status, headers, respond).await;
+        stream(&ex, &mut watch, resp, status, headers, respond).await;
     } else {
-        whole(ex, resp, status, headers, respond).await;
+        whole(&ex, &mut watch, resp, status, headers, respond).await;
     }
 }
 
 /// A non-streaming answer, or any error answer: read it whole, relay it.
 async fn whole(
-    ex: Exchange,
+    ex: &Exchange,
+    watch: &mut CutWatch,
     resp: reqwest::Response,
     status: StatusCode,
     headers: HeaderMap,
     respond: oneshot::Sender<Head>,
 ) {
-    let bytes = match resp.bytes().await {
-        Ok(b) => b,
-        Err(e) => {
+    let bytes = match watch.run(resp.bytes()).await {
+        None => return ex.flight.drained(false),
+        Some(Ok(b)) => b,
+        Some(Err(e)) => {
             let err = if e.is_timeout() {
                 ex.upstream.timeout_error()
             } else {
@@ -95,74 +129,224 @@ async fn whole(
                     reason: format!("response body broke off: {e}"),
                 }
             };
+            ex.flight.failed(&err.to_string());
             let _ = respond.send(Err(err.into()));
             return;
         }
     };
-    if !status.is_success() {
-        tracing::info!(upstream = %ex.upstream.name, %status, "upstream answered with an error");
-    }
-    if let Some(turn) = ex.turn {
-        let reply = status
-            .is_success()
-            .then(|| serde_json::from_slice(&bytes).ok())
-            .flatten()
-            .and_then(|body| accumulate::message_from_completion(&body));
-        if let Some(reply) = reply {
-            turn.record_reply(reply, &ex.app.config.history, &ex.app.counters, now_ms());
+    let reply = status
+        .is_success()
+        .then(|| serde_json::from_slice(&bytes).ok())
+        .flatten()
+        .and_then(|body| accumulate::message_from_completion(&body));
+    match reply {
+        Some(reply) => ex.flight.completed_whole(reply),
+        None if status.is_success() => ex.flight.failed("upstream answer had no choice 0 message"),
+        None => {
+            tracing::info!(upstream = %ex.upstream.name, %status, "upstream answered with an error");
+            ex.flight.failed(&format!(
+                "upstream answered {status}: {}",
+                error_message(&bytes)
+            ));
         }
     }
     let _ = respond.send(Ok(response(status, headers, Body::from(bytes))));
 }
 
 /// A streamed answer: every chunk goes to the client as it arrives, and
-/// through the SSE parser into the accumulator for the record.
+/// through the SSE parser into the record.
 async fn stream(
-    ex: Exchange,
+    ex: &Exchange,
+    watch: &mut CutWatch,
     resp: reqwest::Response,
     status: StatusCode,
     headers: HeaderMap,
     respond: oneshot::Sender<Head>,
 ) {
-    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(RELAY_BUFFER);
-    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async {
-        rx.recv().await.map(|item| (item, rx))
-    }));
-    let mut client_open = respond.send(Ok(response(status, headers, body))).is_ok();
+    let (tx, rx) = mpsc::channel(RELAY_BUFFER);
+    let body = RelayBody::new(rx, Arc::clone(&ex.flight));
+    // If the handler is gone, the body is dropped here and its guard fires.
+    let _ = respond.send(Ok(response(status, headers, Body::from_stream(body))));
 
     let mut parser = sse_parse::SseParser::new();
-    let mut acc = ReplyAccumulator::default();
     let mut upstream = resp.bytes_stream();
-    while let Some(chunk) = upstream.next().await {
-        match chunk {
-            Ok(bytes) => {
-                parser.feed(&bytes);
-                while let Some(event) = parser.next_event() {
-                    acc.push_data(&event.data);
-                }
-                if client_open && tx.send(Ok(bytes)).await.is_err() {
-                    client_open = false;
-                    tracing::debug!("client went away mid-stream; reading the rest of the reply");
-                }
+    let mut drained = 0usize;
+    let end = loop {
+        let bytes = match watch.run(upstream.next()).await {
+            None => break End::Abandoned,
+            Some(None) => break End::Finished,
+            Some(Some(Err(e))) => break End::Broke(format!("upstream stream broke off: {e}")),
+            Some(Some(Ok(bytes))) => bytes,
+        };
+        parser.feed(&bytes);
+        let mut events = Vec::new();
+        while let Some(event) = parser.next_event() {
+            events.push(Event::parse(&event.data));
+        }
+        ex.flight.on_received(&events);
+        if watch.is_cut() {
+            drained += bytes.len();
+            if drained >= ex.drain.drain_max_bytes {
+                break End::Abandoned;
             }
-            Err(e) => {
-                tracing::warn!(upstream = %ex.upstream.name, error = %e, "upstream stream broke off");
-                if client_open {
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                }
-                break;
+            continue;
+        }
+        tokio::select! {
+            biased;
+            _ = tx.send(Chunk { bytes, events }) => {}
+            _ = ex.flight.cut_token().cancelled() => {}
+        }
+    };
+    match end {
+        End::Finished if watch.is_cut() => ex.flight.drained(true),
+        End::Finished => {
+            // The body records the reply once its last chunk has gone out.
+            if !ex.flight.received_complete() {
+                let why = "upstream stream ended before the reply was complete";
+                ex.flight.broke(why);
+                send_error_event(&tx, why).await;
             }
         }
+        End::Broke(why) => {
+            tracing::warn!(upstream = %ex.upstream.name, error = %why, "upstream stream failed");
+            ex.flight.broke(&why);
+            if !watch.is_cut() {
+                send_error_event(&tx, &why).await;
+            }
+        }
+        End::Abandoned => ex.flight.drained(false),
     }
-    drop(tx);
-    if let Some(turn) = ex.turn {
-        if !acc.is_empty() {
-            turn.record_reply(
-                acc.to_message(),
-                &ex.app.config.history,
-                &ex.app.counters,
-                now_ms(),
-            );
+    // Dropping the upstream here closes its connection when it is unfinished.
+}
+
+enum End {
+    Finished,
+    Broke(String),
+    /// Stopped reading: cut with `capture_original = false`, or the drain
+    /// limits were reached.
+    Abandoned,
+}
+
+/// An OpenAI-style error event, which the SDKs raise as an exception.
+async fn send_error_event(tx: &mpsc::Sender<Chunk>, message: &str) {
+    let event = serde_json::json!({"error": {
+        "message": message, "type": "upstream_error", "param": null, "code": "stream_broken"}});
+    let bytes = Bytes::from(format!("data: {event}\n\n"));
+    let _ = tx
+        .send(Chunk {
+            bytes,
+            events: Vec::new(),
+        })
+        .await;
+}
+
+fn error_message(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned())
+}
+
+/// Waits on upstream I/O until the reply is cut; after the cut, either
+/// stops at once (`capture_original = false`, or a stateless request) or
+/// goes on until the drain deadline.
+struct CutWatch {
+    flight: Arc<InFlight>,
+    capture: bool,
+    drain_for: Duration,
+    deadline: Option<Instant>,
+}
+
+impl CutWatch {
+    fn new(ex: &Exchange) -> Self {
+        Self {
+            flight: Arc::clone(&ex.flight),
+            capture: ex.drain.capture_original && ex.flight.records(),
+            drain_for: Duration::from_secs(ex.drain.drain_timeout_secs),
+            deadline: None,
+        }
+    }
+
+    fn is_cut(&self) -> bool {
+        self.flight.cut_token().is_cancelled()
+    }
+
+    /// `None` when the wait was abandoned.
+    async fn run<F: Future>(&mut self, fut: F) -> Option<F::Output> {
+        tokio::pin!(fut);
+        if self.deadline.is_none() {
+            tokio::select! {
+                biased;
+                out = &mut fut => return Some(out),
+                _ = self.flight.cut_token().cancelled() => {}
+            }
+            if !self.capture {
+                return None;
+            }
+            self.deadline = Some(Instant::now() + self.drain_for);
+        }
+        let deadline = self.deadline?;
+        tokio::time::timeout_at(deadline, fut).await.ok()
+    }
+}
+
+/// A chunk of the upstream's bytes and the events completed in it.
+struct Chunk {
+    bytes: Bytes,
+    events: Vec<Event>,
+}
+
+/// The streamed response body. What it hands to the connection counts as
+/// relayed; its end settles the reply as complete, and its drop before the
+/// end (the client went away) settles it as interrupted.
+struct RelayBody {
+    rx: mpsc::Receiver<Chunk>,
+    cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    flight: Arc<InFlight>,
+    ended: bool,
+}
+
+impl RelayBody {
+    fn new(rx: mpsc::Receiver<Chunk>, flight: Arc<InFlight>) -> Self {
+        Self {
+            rx,
+            cut: Box::pin(flight.cut_token().clone().cancelled_owned()),
+            flight,
+            ended: false,
+        }
+    }
+}
+
+impl futures_util::Stream for RelayBody {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if self.cut.as_mut().poll(cx).is_ready() {
+            self.ended = true;
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(chunk)) => {
+                self.flight.on_relayed(&chunk.events);
+                Poll::Ready(Some(Ok(chunk.bytes)))
+            }
+            Poll::Ready(None) => {
+                self.ended = true;
+                self.flight.delivered();
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.flight.client_gone();
         }
     }
 }

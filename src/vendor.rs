@@ -9,7 +9,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::UpstreamConfig;
+use crate::config::{InterruptedRendering, UpstreamConfig};
+use crate::interruption;
 use crate::message::Message;
 
 /// Top-level fields that are recall's (or seed 000's) and not OpenAI's.
@@ -21,6 +22,8 @@ pub struct VendorRules {
     pub custom: bool,
     pub interruptable: bool,
     pub strip_fields: Vec<String>,
+    pub interrupted: InterruptedRendering,
+    pub interrupted_marker: String,
 }
 
 impl VendorRules {
@@ -29,6 +32,8 @@ impl VendorRules {
             custom: u.is_custom(),
             interruptable: u.interruptable,
             strip_fields: u.strip_fields.clone(),
+            interrupted: u.interrupted,
+            interrupted_marker: u.interrupted_marker.clone(),
         }
     }
 }
@@ -55,7 +60,15 @@ pub fn rewrite(
             m.to_openai()
         }
     };
-    let messages: Vec<Value> = instructions.iter().chain(history).map(render).collect();
+    let shown = history.iter().enumerate().filter_map(|(i, m)| {
+        let answered = history.get(i + 1).is_some_and(Message::is_tool_result);
+        interruption::render(m, rules.interrupted, &rules.interrupted_marker, answered)
+    });
+    let messages: Vec<Value> = instructions
+        .iter()
+        .map(render)
+        .chain(shown.map(|m| render(&m)))
+        .collect();
     body.insert("messages".into(), Value::Array(messages));
 
     if rules.custom {
@@ -84,6 +97,8 @@ mod tests {
             custom,
             interruptable: true,
             strip_fields: vec!["x_debug".into()],
+            interrupted: InterruptedRendering::Annotated,
+            interrupted_marker: " [cut]".into(),
         }
     }
 
@@ -125,6 +140,28 @@ mod tests {
                    "temperature": 0.2, "metadata": {"k": "v"}, "user": "u", "store": true,
                    "x_unknown": 2})
         );
+    }
+
+    #[test]
+    fn interrupted_replies_are_rendered_per_upstream() {
+        let cut = interruption::interrupted_reply(
+            Message::new("assistant", "Why"),
+            &Message::new("assistant", "Why not"),
+            true,
+            3,
+            None,
+        );
+        let history = [Message::new("user", "q"), cut];
+        let mut b = body();
+        rewrite(&rules(false), &mut b, &[], &history, None, 5);
+        assert_eq!(
+            b["messages"][1],
+            json!({"role": "assistant", "content": "Why [cut]"})
+        );
+        let mut b = body();
+        rewrite(&rules(true), &mut b, &[], &history, None, 5);
+        assert_eq!(b["messages"][1]["content"], "Why [cut]");
+        assert_eq!(b["messages"][1]["metadata"]["original"], "Why not");
     }
 
     #[test]

@@ -418,6 +418,8 @@ async fn concurrent_sessions_stay_isolated() {
     }
 }
 
+/// Requests racing in one session interrupt each other (barge-in is the
+/// default), but the history always pairs each user message with its reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_requests_in_one_session_keep_turn_order() {
     for round in 0..20 {
@@ -425,19 +427,24 @@ async fn concurrent_requests_in_one_session_keep_turn_order() {
         let tasks: Vec<_> = (0..4)
             .map(|i| {
                 let h = std::sync::Arc::clone(&h);
-                tokio::spawn(async move { h.say("same", &format!("m{i}")).await })
+                tokio::spawn(async move {
+                    let body = json!({"model": "m", "messages": [user(&format!("m{i}"))]});
+                    h.chat(Some("same"), body).await.0
+                })
             })
             .collect();
         for t in tasks {
-            t.await.unwrap();
+            let status = t.await.unwrap();
+            assert!(status == 200 || status == 409, "round {round}: {status}");
         }
         let (_, hist) = h.history("same").await;
         let contents = hist["contents"].as_array().unwrap();
-        assert_eq!(contents.len(), 8, "round {round}");
-        for pair in contents.chunks(2) {
+        assert_eq!(contents.len(), 8, "round {round}: {hist}");
+        for (n, pair) in contents.chunks(2).enumerate() {
             assert_eq!(pair[0]["role"], "user", "round {round}: {hist}");
             assert_eq!(pair[1]["role"], "assistant", "round {round}: {hist}");
-            assert_eq!(pair[0]["turn_id"], pair[1]["turn_id"]);
+            assert_eq!(pair[0]["turn_id"], n as u64 + 1);
+            assert_eq!(pair[1]["turn_id"], n as u64 + 1);
         }
     }
 }

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::app::App;
 use crate::error::{ApiError, RequestError};
+use crate::inflight::InFlight;
 use crate::message::{parse_messages, Message};
 use crate::relay::{self, now_ms, Exchange};
 use crate::session;
@@ -56,20 +57,19 @@ pub async fn completions(
         .collect();
     let now = now_ms();
 
-    let turn = match &session_id {
-        Some(id) => Some(app.sessions.get_or_create(id).begin_turn().await),
-        None => None,
-    };
-    let (window, turn_info) = match &turn {
-        Some(turn) => {
-            let prepared = turn.append(&conversation, &app.config.history, &app.counters, now);
-            let info = TurnInfo {
+    let (window, turn, flight) = match &session_id {
+        Some(id) => {
+            let session = app.sessions.get_or_create(id);
+            let (prepared, flight) = session
+                .begin(&app.policy, &conversation, now)
+                .map_err(|_| RequestError::Busy { id: id.clone() })?;
+            let turn = TurnInfo {
                 turn_id: prepared.turn_id,
             };
-            (prepared.window, Some(info))
+            (prepared.window, Some(turn), flight)
         }
         // Stateless: the client manages its own history; send it as is.
-        None => (conversation, None),
+        None => (conversation, None, Arc::new(InFlight::stateless())),
     };
 
     vendor::rewrite(
@@ -77,13 +77,17 @@ pub async fn completions(
         &mut body,
         &all_instructions,
         &window,
-        turn_info,
+        turn,
         now,
     );
-    let upstream_body = serde_json::to_vec(&body).map_err(|e| {
-        tracing::error!(error = %e, "could not serialise the upstream body");
-        ApiError::Internal
-    })?;
+    let upstream_body = match serde_json::to_vec(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "could not serialise the upstream body");
+            flight.failed("internal error");
+            return Err(ApiError::Internal);
+        }
+    };
     tracing::debug!(
         session = session_id.as_deref().unwrap_or("-"),
         upstream = %upstream.name,
@@ -92,11 +96,11 @@ pub async fn completions(
     );
 
     relay::start(Exchange {
-        app: Arc::clone(&app),
         upstream,
         client_headers: headers,
         body: upstream_body.into(),
-        turn,
+        flight,
+        drain: app.config.interruption.clone(),
     })
     .await
 }

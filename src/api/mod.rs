@@ -32,6 +32,7 @@ fn v1() -> Router<Arc<App>> {
         .route("/models", get(models::list))
         .route("/models/{*model}", get(models::retrieve))
         .route("/sessions/{id}/history", get(sessions::history))
+        .route("/sessions/{id}/interrupt", post(sessions::interrupt))
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {

@@ -1,0 +1,274 @@
+//! A reply in flight, and everything that can end it.
+//!
+//! Several parties may settle a reply, and the first one wins: the response
+//! body when its last event has gone out (complete), the body's drop guard
+//! when the client goes away, a newer request of the same session
+//! (barge-in), the interrupt endpoint, and the relay task when the upstream
+//! fails. Settling writes the record at once and frees the session's turn.
+//! The upstream may still be drained after that; the relay task then
+//! updates `original` on the record it finds by sequence number.
+//!
+//! Lock order: this reply's `progress` lock, then the session's state lock.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::accumulate::{Event, ReplyAccumulator};
+use crate::interruption::{self, Spoken};
+use crate::message::Message;
+use crate::session::{Policy, Session};
+use crate::turns;
+
+/// Writes a reply's record into its session.
+pub struct Recorder {
+    session: Arc<Session>,
+    policy: Arc<Policy>,
+}
+
+impl Recorder {
+    pub fn new(session: Arc<Session>, policy: Arc<Policy>) -> Self {
+        Self { session, policy }
+    }
+}
+
+pub struct InFlight {
+    /// `None` for a stateless request: nothing is recorded.
+    recorder: Option<Recorder>,
+    turn_id: u64,
+    /// Cancelled when the client no longer receives this reply: it went
+    /// away, or the reply was interrupted. The relay task then drains or
+    /// closes the upstream; the response body ends.
+    cut: CancellationToken,
+    progress: Mutex<Progress>,
+}
+
+#[derive(Default)]
+struct Progress {
+    /// What was handed to the client's connection.
+    relayed: ReplyAccumulator,
+    /// What the upstream sent.
+    received: ReplyAccumulator,
+    /// When the upstream's answer began, for the record's timestamp.
+    started_ms: Option<i64>,
+    outcome: Outcome,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+enum Outcome {
+    #[default]
+    Open,
+    Complete,
+    /// Recorded as interrupted; `seq` finds the record for later updates.
+    Interrupted {
+        seq: Option<u64>,
+    },
+    Failed,
+}
+
+impl InFlight {
+    pub fn new(recorder: Option<Recorder>, turn_id: u64) -> Self {
+        Self {
+            recorder,
+            turn_id,
+            cut: CancellationToken::new(),
+            progress: Mutex::default(),
+        }
+    }
+
+    pub fn stateless() -> Self {
+        Self::new(None, 0)
+    }
+
+    pub fn records(&self) -> bool {
+        self.recorder.is_some()
+    }
+
+    pub fn cut_token(&self) -> &CancellationToken {
+        &self.cut
+    }
+
+    fn progress(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The upstream has sent the end of its reply.
+    pub fn received_complete(&self) -> bool {
+        self.progress().received.is_complete()
+    }
+
+    pub fn started(&self, at_ms: i64) {
+        self.progress().started_ms.get_or_insert(at_ms);
+    }
+
+    pub fn on_received(&self, events: &[Event]) {
+        let mut p = self.progress();
+        for e in events {
+            p.received.push(e);
+        }
+    }
+
+    pub fn on_relayed(&self, events: &[Event]) {
+        let mut p = self.progress();
+        for e in events {
+            p.relayed.push(e);
+        }
+    }
+
+    /// The response body ended after its last chunk went out.
+    pub fn delivered(&self) {
+        let mut p = self.progress();
+        if p.outcome == Outcome::Open {
+            let reply = p.relayed.to_message();
+            self.record(&mut p, Some(reply), Outcome::Complete);
+        }
+    }
+
+    /// The client went away (its body or its request was dropped).
+    pub fn client_gone(&self) {
+        self.interrupt(None);
+    }
+
+    /// Cuts the reply off for the client and records it as interrupted,
+    /// with `spoken` as its content when given. Returns the record, or
+    /// `None` when the reply was already settled. A reply whose last event
+    /// already went out is complete, not interrupted.
+    pub fn interrupt(&self, spoken: Option<&Spoken>) -> Option<Message> {
+        let mut p = self.progress();
+        if p.outcome != Outcome::Open {
+            return None;
+        }
+        if p.relayed.is_complete() {
+            let reply = p.relayed.to_message();
+            self.record(&mut p, Some(reply), Outcome::Complete);
+            return None;
+        }
+        self.cut.cancel();
+        let record = interruption::interrupted_reply(
+            p.relayed.to_message(),
+            &p.received.to_message(),
+            p.received.is_complete(),
+            crate::relay::now_ms(),
+            spoken,
+        );
+        let seq = self.record(
+            &mut p,
+            Some(record.clone()),
+            Outcome::Interrupted { seq: None },
+        );
+        p.outcome = Outcome::Interrupted { seq };
+        Some(self.stamped(record, p.started_ms))
+    }
+
+    /// For the reject policy: settles the reply as complete if its last
+    /// event already went out. Returns whether it is settled.
+    pub fn settle_if_delivered(&self) -> bool {
+        let mut p = self.progress();
+        match p.outcome {
+            Outcome::Open if p.relayed.is_complete() => {
+                let reply = p.relayed.to_message();
+                self.record(&mut p, Some(reply), Outcome::Complete);
+                true
+            }
+            Outcome::Open => false,
+            _ => true,
+        }
+    }
+
+    /// A non-streaming reply arrived whole.
+    pub fn completed_whole(&self, reply: Message) {
+        let mut p = self.progress();
+        match p.outcome {
+            Outcome::Open => {
+                self.record(&mut p, Some(reply), Outcome::Complete);
+            }
+            Outcome::Interrupted { seq } => {
+                self.update(seq, |m| interruption::set_original(m, &reply, true));
+            }
+            _ => {}
+        }
+    }
+
+    /// The stream broke off or ended early. What went out so far is
+    /// recorded like an interruption, with the reason in `metadata.error`.
+    pub fn broke(&self, error: &str) {
+        let mut p = self.progress();
+        match p.outcome {
+            Outcome::Open if p.relayed.is_empty() && p.received.is_empty() => {
+                drop(p);
+                self.failed(error);
+            }
+            Outcome::Open => {
+                let mut record = interruption::interrupted_reply(
+                    p.relayed.to_message(),
+                    &p.received.to_message(),
+                    false,
+                    crate::relay::now_ms(),
+                    None,
+                );
+                interruption::set_error(&mut record, error);
+                let seq = self.record(&mut p, Some(record), Outcome::Interrupted { seq: None });
+                p.outcome = Outcome::Interrupted { seq };
+            }
+            Outcome::Interrupted { seq } => {
+                let full = p.received.to_message();
+                self.update(seq, |m| {
+                    interruption::set_original(m, &full, false);
+                    interruption::set_error(m, error);
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// No reply came: error status, connection error, timeout. The user's
+    /// message stays; a configured failure message is recorded after it.
+    pub fn failed(&self, error: &str) {
+        let mut p = self.progress();
+        match p.outcome {
+            Outcome::Open => {
+                let reply = self.recorder.as_ref().and_then(|r| {
+                    let text = r.policy.history.failure_message.as_deref()?;
+                    Some(interruption::failure_reply(text, error))
+                });
+                self.record(&mut p, reply, Outcome::Failed);
+            }
+            Outcome::Interrupted { seq } => {
+                self.update(seq, |m| interruption::set_error(m, error));
+            }
+            _ => {}
+        }
+    }
+
+    /// The drain after a cut is over: `complete` says whether the upstream
+    /// reached the end of its reply.
+    pub fn drained(&self, complete: bool) {
+        let p = self.progress();
+        if let Outcome::Interrupted { seq } = p.outcome {
+            let full = p.received.to_message();
+            let complete = complete || p.received.is_complete();
+            self.update(seq, |m| interruption::set_original(m, &full, complete));
+        }
+    }
+
+    fn stamped(&self, mut reply: Message, started_ms: Option<i64>) -> Message {
+        let at = started_ms.unwrap_or_else(crate::relay::now_ms);
+        turns::stamp_reply(&mut reply, self.turn_id, at);
+        reply
+    }
+
+    /// Writes the record and frees the session's turn. Returns the
+    /// record's sequence number.
+    fn record(&self, p: &mut Progress, reply: Option<Message>, outcome: Outcome) -> Option<u64> {
+        p.outcome = outcome;
+        let recorder = self.recorder.as_ref()?;
+        let reply = reply.map(|r| self.stamped(r, p.started_ms));
+        recorder.session.finish(self, reply, &recorder.policy)
+    }
+
+    fn update(&self, seq: Option<u64>, change: impl FnOnce(&mut Message)) {
+        if let (Some(recorder), Some(seq)) = (&self.recorder, seq) {
+            recorder.session.update(seq, change);
+        }
+    }
+}

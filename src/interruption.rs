@@ -1,0 +1,254 @@
+//! What an interrupted reply looks like in memory, and how the model sees it.
+//!
+//! Seed 000's shape: `content` is what actually went out, and `metadata`
+//! holds `interrupted: true`, `interrupt_timestamp` (Unix ms) and
+//! `original`, the complete text the model generated. recall adds
+//! `original_complete`, which says whether `original` is whole (the upstream
+//! may have been closed, or the drain may have hit its limits), and `error`
+//! when the reply was cut by an upstream failure rather than by the user.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+
+use crate::config::InterruptedRendering;
+use crate::message::Message;
+
+pub const INTERRUPTED: &str = "interrupted";
+pub const INTERRUPT_TIMESTAMP: &str = "interrupt_timestamp";
+pub const ORIGINAL: &str = "original";
+pub const ORIGINAL_COMPLETE: &str = "original_complete";
+pub const ORIGINAL_TOOL_CALLS: &str = "original_tool_calls";
+pub const ERROR: &str = "error";
+pub const SOURCE_FAILURE: &str = "llm_failure";
+
+pub fn is_interrupted(m: &Message) -> bool {
+    m.metadata
+        .as_ref()
+        .and_then(|md| md.get(INTERRUPTED))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+pub fn is_failure(m: &Message) -> bool {
+    m.source() == Some(SOURCE_FAILURE)
+}
+
+/// What the user actually heard, as an agent reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Spoken {
+    Text(String),
+    Chars(usize),
+}
+
+impl Spoken {
+    /// The content that replaces `current`.
+    pub fn apply(&self, current: &str) -> String {
+        match self {
+            Spoken::Text(t) => t.clone(),
+            Spoken::Chars(n) => current.chars().take(*n).collect(),
+        }
+    }
+}
+
+/// Turns the part of a reply that went out into the interrupted record.
+/// `full` is everything the upstream had sent by then.
+pub fn interrupted_reply(
+    mut relayed: Message,
+    full: &Message,
+    full_complete: bool,
+    at_ms: i64,
+    spoken: Option<&Spoken>,
+) -> Message {
+    if let Some(spoken) = spoken {
+        let current = relayed.content_str().unwrap_or_default().to_owned();
+        relayed.content = Value::String(spoken.apply(&current));
+    }
+    let md = relayed.metadata_mut();
+    md.insert(INTERRUPTED.into(), Value::Bool(true));
+    md.insert(INTERRUPT_TIMESTAMP.into(), at_ms.into());
+    set_original(&mut relayed, full, full_complete);
+    relayed
+}
+
+/// Records (or updates) the complete reply on an interrupted message.
+pub fn set_original(m: &mut Message, full: &Message, complete: bool) {
+    let text = full.content_str().unwrap_or_default().to_owned();
+    let calls = full.tool_calls.clone();
+    let differs = calls != m.tool_calls;
+    let md = m.metadata_mut();
+    md.insert(ORIGINAL.into(), Value::String(text));
+    md.insert(ORIGINAL_COMPLETE.into(), Value::Bool(complete));
+    match calls {
+        Some(calls) if differs => {
+            md.insert(ORIGINAL_TOOL_CALLS.into(), Value::Array(calls));
+        }
+        _ => {
+            md.shift_remove(ORIGINAL_TOOL_CALLS);
+        }
+    }
+}
+
+pub fn set_error(m: &mut Message, error: &str) {
+    m.metadata_mut()
+        .insert(ERROR.into(), Value::String(error.to_owned()));
+}
+
+/// Marks a stored reply as interrupted after the fact: the agent says the
+/// user heard only `spoken` of it. The stored text becomes `original`
+/// unless an earlier interruption already recorded one.
+pub fn mark_stored(m: &mut Message, spoken: Option<&Spoken>, at_ms: i64) {
+    let current = m.content_str().unwrap_or_default().to_owned();
+    if !is_interrupted(m) {
+        let full = m.clone();
+        let md = m.metadata_mut();
+        md.insert(INTERRUPTED.into(), Value::Bool(true));
+        md.insert(INTERRUPT_TIMESTAMP.into(), at_ms.into());
+        set_original(m, &full, true);
+    }
+    if let Some(spoken) = spoken {
+        m.content = Value::String(spoken.apply(&current));
+    }
+}
+
+/// The assistant message recorded for a failed call.
+pub fn failure_reply(text: &str, error: &str) -> Message {
+    let mut m = Message::new("assistant", text);
+    m.metadata_mut()
+        .insert("source".into(), Value::String(SOURCE_FAILURE.into()));
+    set_error(&mut m, error);
+    m
+}
+
+/// The message as the model should see it, or `None` to leave it out.
+/// Only interrupted replies change. `next_is_tool_result` tells whether the
+/// message is answered by tool results; unanswered tool calls of a cut reply
+/// are dropped, since the API rejects tool calls without their results.
+pub fn render<'a>(
+    m: &'a Message,
+    mode: InterruptedRendering,
+    marker: &str,
+    next_is_tool_result: bool,
+) -> Option<Cow<'a, Message>> {
+    if m.role != "assistant" || !is_interrupted(m) {
+        return Some(Cow::Borrowed(m));
+    }
+    let mut out = m.clone();
+    if !next_is_tool_result {
+        out.tool_calls = None;
+    }
+    let stored = m.content_str().unwrap_or_default();
+    let text = match mode {
+        InterruptedRendering::Truncated => stored.to_owned(),
+        InterruptedRendering::Original => m.meta_str(ORIGINAL).unwrap_or(stored).to_owned(),
+        InterruptedRendering::Annotated => format!("{stored}{marker}").trim_start().to_owned(),
+    };
+    if text.is_empty() && out.tool_calls.is_none() {
+        // Nothing was said: an empty assistant turn would only confuse.
+        return None;
+    }
+    out.content = if text.is_empty() {
+        Value::Null
+    } else {
+        Value::String(text)
+    };
+    Some(Cow::Owned(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reply(text: &str) -> Message {
+        Message::new("assistant", text)
+    }
+
+    #[test]
+    fn interrupted_reply_has_seed_000_fields() {
+        let m = interrupted_reply(
+            reply("Why did"),
+            &reply("Why did the scarecrow"),
+            true,
+            42,
+            None,
+        );
+        assert_eq!(m.content, "Why did");
+        assert_eq!(
+            Value::Object(m.metadata.unwrap()),
+            json!({"interrupted": true, "interrupt_timestamp": 42,
+                   "original": "Why did the scarecrow", "original_complete": true})
+        );
+    }
+
+    #[test]
+    fn spoken_overrides_what_was_relayed() {
+        let text = Spoken::Text("Why".into());
+        let m = interrupted_reply(
+            reply("Why did"),
+            &reply("Why did it"),
+            false,
+            1,
+            Some(&text),
+        );
+        assert_eq!(m.content, "Why");
+        let m = interrupted_reply(
+            reply("Why did"),
+            &reply("Why did it"),
+            false,
+            1,
+            Some(&Spoken::Chars(5)),
+        );
+        assert_eq!(m.content, "Why d");
+        assert_eq!(Spoken::Chars(99).apply("héllo"), "héllo");
+    }
+
+    #[test]
+    fn marking_a_stored_reply_keeps_the_first_original() {
+        let mut m = reply("The whole story.");
+        mark_stored(&mut m, Some(&Spoken::Chars(9)), 5);
+        assert_eq!(m.content, "The whole");
+        assert_eq!(m.meta_str(ORIGINAL), Some("The whole story."));
+        mark_stored(&mut m, Some(&Spoken::Text("The".into())), 6);
+        assert_eq!(m.content, "The");
+        assert_eq!(m.meta_str(ORIGINAL), Some("The whole story."));
+        assert_eq!(m.metadata.as_ref().unwrap()[INTERRUPT_TIMESTAMP], 5);
+    }
+
+    #[test]
+    fn rendering_modes() {
+        let m = interrupted_reply(reply("Why did"), &reply("Why did it"), true, 1, None);
+        let r = |mode| render(&m, mode, " [cut]", false).map(|c| c.content.clone());
+        assert_eq!(r(InterruptedRendering::Truncated), Some(json!("Why did")));
+        assert_eq!(r(InterruptedRendering::Original), Some(json!("Why did it")));
+        assert_eq!(
+            r(InterruptedRendering::Annotated),
+            Some(json!("Why did [cut]"))
+        );
+        let plain = reply("fine");
+        assert!(matches!(
+            render(&plain, InterruptedRendering::Original, "", false),
+            Some(Cow::Borrowed(_))
+        ));
+    }
+
+    #[test]
+    fn silent_cut_replies_are_left_out_and_unanswered_calls_dropped() {
+        let empty = interrupted_reply(reply(""), &reply("long answer"), true, 1, None);
+        assert!(render(&empty, InterruptedRendering::Truncated, "", false).is_none());
+        assert!(render(&empty, InterruptedRendering::Original, "", false).is_some());
+        let mut call = Message::new("assistant", Value::Null);
+        call.tool_calls = Some(vec![json!({"id": "c1"})]);
+        let cut = interrupted_reply(call, &reply(""), false, 1, None);
+        assert!(render(&cut, InterruptedRendering::Truncated, "", false).is_none());
+        let kept = render(&cut, InterruptedRendering::Truncated, "", true).unwrap();
+        assert!(kept.tool_calls.is_some());
+    }
+
+    #[test]
+    fn failure_reply_is_marked() {
+        let m = failure_reply("Sorry, try again.", "upstream answered 503");
+        assert!(is_failure(&m));
+        assert_eq!(m.meta_str(ERROR), Some("upstream answered 503"));
+    }
+}
