@@ -27,7 +27,13 @@ pub enum Reply {
     Sse { chunks: Vec<(Duration, String)> },
     /// Never answers.
     Hang,
+    /// Answers with the inner reply after a delay.
+    Delayed(Duration, Box<Reply>),
 }
+
+/// A chunk that makes the mock's SSE stream fail (the connection is cut
+/// mid-response, as when an upstream crashes).
+pub const BREAK: &str = "\u{0}BREAK";
 
 /// A request the mock upstream received.
 #[derive(Clone, Debug)]
@@ -137,8 +143,13 @@ async fn mock_handler(
             &[],
         );
     }
-    let reply = state.script.lock().unwrap().pop_front();
+    let mut reply = state.script.lock().unwrap().pop_front();
+    while let Some(Reply::Delayed(delay, inner)) = reply {
+        tokio::time::sleep(delay).await;
+        reply = Some(*inner);
+    }
     match reply.unwrap_or_else(|| completion(&format!("reply {n}"))) {
+        Reply::Delayed(..) => unreachable!(),
         Reply::Json {
             status,
             body,
@@ -189,6 +200,11 @@ fn sse_response(chunks: Vec<(Duration, String)>, state: Arc<MockState>) -> Respo
         |(mut chunks, mut guard)| async move {
             let (delay, chunk) = chunks.pop_front()?;
             tokio::time::sleep(delay).await;
+            if chunk == BREAK {
+                guard.finished = true;
+                let err = std::io::Error::other("upstream crashed");
+                return Some((Err(err), (VecDeque::new(), guard)));
+            }
             if chunks.is_empty() {
                 guard.finished = true;
             }
