@@ -12,7 +12,12 @@ use serde_json::{json, Value};
 
 type ByteStream = std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
-const JOKE: [&str; 4] = ["Why did ", "the scarecrow ", "win an award? ", "He was outstanding."];
+const JOKE: [&str; 4] = [
+    "Why did ",
+    "the scarecrow ",
+    "win an award? ",
+    "He was outstanding.",
+];
 const JOKE_TEXT: &str = "Why did the scarecrow win an award? He was outstanding.";
 
 /// Starts a streaming request and reads until `until` has arrived; returns
@@ -45,7 +50,13 @@ async fn read_rest(mut stream: ByteStream) -> String {
 }
 
 /// Polls the history until `pred` holds for the message at `index`.
-async fn wait_for(h: &Harness, session: &str, index: usize, within: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+async fn wait_for(
+    h: &Harness,
+    session: &str,
+    index: usize,
+    within: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + within;
     loop {
         let (status, hist) = h.history(session).await;
@@ -56,7 +67,10 @@ async fn wait_for(h: &Harness, session: &str, index: usize, within: Duration, pr
                 }
             }
         }
-        assert!(Instant::now() < deadline, "timed out waiting on {session}[{index}]: {hist}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting on {session}[{index}]: {hist}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -79,12 +93,19 @@ async fn a_client_that_goes_away_mid_stream_leaves_an_interrupted_record_with_th
 
     // Recorded at once, before the upstream has finished.
     let record = wait_for(&h, "gone", 1, Duration::from_secs(2), interrupted).await;
-    assert!(dropped_at.elapsed() < Duration::from_millis(500), "{:?}", dropped_at.elapsed());
+    assert!(
+        dropped_at.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        dropped_at.elapsed()
+    );
     assert_eq!(record["content"], "Why did ");
     assert_eq!(record["role"], "assistant");
     assert_eq!(record["turn_id"], 1);
     assert_eq!(record["metadata"]["source"], "llm");
-    assert!(record["metadata"]["interrupt_timestamp"].as_i64().unwrap() >= record["timestamp"].as_i64().unwrap());
+    assert!(
+        record["metadata"]["interrupt_timestamp"].as_i64().unwrap()
+            >= record["timestamp"].as_i64().unwrap()
+    );
     assert_eq!(record["metadata"]["original_complete"], false);
 
     // Then the drain completes the original.
@@ -92,7 +113,11 @@ async fn a_client_that_goes_away_mid_stream_leaves_an_interrupted_record_with_th
     assert_eq!(record["metadata"]["original"], JOKE_TEXT);
     assert_eq!(record["content"], "Why did ");
     assert!(JOKE_TEXT.starts_with(record["content"].as_str().unwrap()));
-    assert_eq!(h.upstream.streams_cut(), 0, "the upstream was read to its end");
+    assert_eq!(
+        h.upstream.streams_cut(),
+        0,
+        "the upstream was read to its end"
+    );
 }
 
 #[tokio::test]
@@ -104,7 +129,10 @@ async fn without_capture_the_upstream_is_closed_at_once() {
     let record = wait_for(&h, "nocap", 1, Duration::from_secs(2), interrupted).await;
     let deadline = Instant::now() + Duration::from_millis(600);
     while h.upstream.streams_cut() == 0 {
-        assert!(Instant::now() < deadline, "the upstream stream was not closed");
+        assert!(
+            Instant::now() < deadline,
+            "the upstream stream was not closed"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(record["metadata"]["original_complete"], false);
@@ -118,7 +146,10 @@ async fn without_capture_the_upstream_is_closed_at_once() {
 #[tokio::test]
 async fn the_drain_stops_at_its_limits() {
     let h = Harness::start("[interruption]\ndrain_timeout_secs = 1\n", "").await;
-    h.upstream.push(sse_text(&["a", "b", "c", "d", "e", "f"], Duration::from_millis(400)));
+    h.upstream.push(sse_text(
+        &["a", "b", "c", "d", "e", "f"],
+        Duration::from_millis(400),
+    ));
     let (stream, _) = stream_until(&h, "lim", "q", "\"a\"").await;
     drop(stream);
     let started = Instant::now();
@@ -127,21 +158,31 @@ async fn the_drain_stops_at_its_limits() {
         assert!(Instant::now() < deadline, "the drain did not stop");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(started.elapsed() >= Duration::from_millis(800), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
     let record = wait_for(&h, "lim", 1, Duration::from_secs(1), |m| {
-        m["metadata"]["original"].as_str().is_some_and(|o| o.len() >= 2)
+        m["metadata"]["original"]
+            .as_str()
+            .is_some_and(|o| o.len() >= 2)
     })
     .await;
     assert_eq!(record["metadata"]["original_complete"], false);
     let original = record["metadata"]["original"].as_str().unwrap();
-    assert!(original.starts_with("ab") && original.len() < 6, "{original}");
+    assert!(
+        original.starts_with("ab") && original.len() < 6,
+        "{original}"
+    );
 }
 
 #[tokio::test]
 async fn a_reply_whose_last_event_went_out_is_complete_even_if_the_client_hangs_up() {
     for round in 0..10 {
         let h = Harness::default().await;
-        h.upstream.push(sse_text(&["all ", "of ", "it"], Duration::from_millis(5)));
+        h.upstream
+            .push(sse_text(&["all ", "of ", "it"], Duration::from_millis(5)));
         let (stream, _) = stream_until(&h, "done", "q", "[DONE]").await;
         drop(stream);
         // The next request right away, as an agent would send it.
@@ -149,7 +190,10 @@ async fn a_reply_whose_last_event_went_out_is_complete_even_if_the_client_hangs_
         let (_, hist) = h.history("done").await;
         let reply = &hist["contents"][1];
         assert_eq!(reply["content"], "all of it", "round {round}: {hist}");
-        assert!(reply["metadata"].get("interrupted").is_none(), "round {round}: {hist}");
+        assert!(
+            reply["metadata"].get("interrupted").is_none(),
+            "round {round}: {hist}"
+        );
         assert_eq!(hist["contents"].as_array().unwrap().len(), 4);
     }
 }
@@ -164,7 +208,10 @@ async fn barge_in_settles_the_old_reply_first_and_never_waits_for_its_drain() {
         // The user talks over the bot: B arrives while A is still streaming.
         let sent_at = Instant::now();
         let (status, body) = h
-            .chat(Some("barge"), json!({"model": "m", "messages": [user("story instead")]}))
+            .chat(
+                Some("barge"),
+                json!({"model": "m", "messages": [user("story instead")]}),
+            )
             .await;
         let b_took = sent_at.elapsed();
         assert_eq!(status, 200, "round {round}: {body}");
@@ -177,12 +224,18 @@ async fn barge_in_settles_the_old_reply_first_and_never_waits_for_its_drain() {
         let (_, hist) = h.history("barge").await;
         let c = hist["contents"].as_array().unwrap();
         let roles: Vec<&str> = c.iter().map(|m| m["role"].as_str().unwrap()).collect();
-        assert_eq!(roles, ["user", "assistant", "user", "assistant"], "round {round}: {hist}");
+        assert_eq!(
+            roles,
+            ["user", "assistant", "user", "assistant"],
+            "round {round}: {hist}"
+        );
         assert_eq!(c[0]["content"], "joke?");
         assert_eq!(c[1]["content"], "Why did ");
         assert!(interrupted(&c[1]));
         assert_eq!(c[2]["content"], "story instead");
-        assert!(c[3].get("metadata").is_some_and(|m| m.get("interrupted").is_none()));
+        assert!(c[3]
+            .get("metadata")
+            .is_some_and(|m| m.get("interrupted").is_none()));
         let turns: Vec<u64> = c.iter().map(|m| m["turn_id"].as_u64().unwrap()).collect();
         assert_eq!(turns, [1, 1, 2, 2]);
         // B's upstream window already held A's interrupted reply.
@@ -217,7 +270,10 @@ async fn reject_mode_answers_409_and_changes_nothing() {
     // A goes on undisturbed and is recorded whole.
     let rest = read_rest(stream_a).await;
     assert!(rest.contains("[DONE]"));
-    let a = wait_for(&h, "rej", 1, Duration::from_secs(2), |m| m["role"] == "assistant").await;
+    let a = wait_for(&h, "rej", 1, Duration::from_secs(2), |m| {
+        m["role"] == "assistant"
+    })
+    .await;
     assert_eq!(a["content"], JOKE_TEXT);
     assert!(!interrupted(&a));
     h.say("rej", "now").await;
@@ -225,7 +281,9 @@ async fn reject_mode_answers_409_and_changes_nothing() {
 }
 
 async fn post_interrupt(h: &Harness, session: &str, body: Option<Value>) -> (u16, Value) {
-    let mut req = h.client.post(format!("{}/v1/sessions/{session}/interrupt", h.url));
+    let mut req = h
+        .client
+        .post(format!("{}/v1/sessions/{session}/interrupt", h.url));
     if let Some(b) = body {
         req = req.json(&b);
     }
@@ -255,7 +313,8 @@ async fn the_interrupt_endpoint_cuts_the_reply_in_flight_to_what_was_spoken() {
 #[tokio::test]
 async fn the_interrupt_endpoint_marks_the_latest_stored_reply() {
     let h = Harness::default().await;
-    h.upstream.push(completion("Once upon a time there was a knight."));
+    h.upstream
+        .push(completion("Once upon a time there was a knight."));
     h.say("st", "story").await;
     let (status, body) = post_interrupt(&h, "st", Some(json!({"spoken_chars": 16}))).await;
     assert_eq!(status, 200, "{body}");
@@ -263,18 +322,29 @@ async fn the_interrupt_endpoint_marks_the_latest_stored_reply() {
     let (_, hist) = h.history("st").await;
     let m = &hist["contents"][1];
     assert_eq!(m["content"], "Once upon a time");
-    assert_eq!(m["metadata"]["original"], "Once upon a time there was a knight.");
+    assert_eq!(
+        m["metadata"]["original"],
+        "Once upon a time there was a knight."
+    );
     assert_eq!(m["metadata"]["original_complete"], true);
     assert!(m["metadata"]["interrupt_timestamp"].is_i64());
 
     // Errors: no reply, unknown session, a body that says both things.
     h.upstream.push(error_reply(500, "down"));
-    h.chat(Some("fresh"), json!({"model": "m", "messages": [user("anyone?")]})).await;
+    h.chat(
+        Some("fresh"),
+        json!({"model": "m", "messages": [user("anyone?")]}),
+    )
+    .await;
     let (status, body) = post_interrupt(&h, "fresh", None).await;
-    assert_eq!((status, body["error"]["code"].clone()), (404, json!("nothing_to_interrupt")));
+    assert_eq!(
+        (status, body["error"]["code"].clone()),
+        (404, json!("nothing_to_interrupt"))
+    );
     let (status, _) = post_interrupt(&h, "nobody", None).await;
     assert_eq!(status, 404);
-    let (status, _) = post_interrupt(&h, "st", Some(json!({"spoken": "a", "spoken_chars": 1}))).await;
+    let (status, _) =
+        post_interrupt(&h, "st", Some(json!({"spoken": "a", "spoken_chars": 1}))).await;
     assert_eq!(status, 400);
     let (status, _) = post_interrupt(&h, "st", Some(json!({"heard": "a"}))).await;
     assert_eq!(status, 400);
@@ -307,7 +377,14 @@ async fn a_client_resending_a_shortened_reply_corrects_what_was_heard() {
     assert_eq!(status, 200);
     assert_eq!(
         h.transcript("short").await,
-        ["user: tell me", "assistant: The quick", "user: what?", "assistant: reply 2", "user: ok", "assistant: reply 3"]
+        [
+            "user: tell me",
+            "assistant: The quick",
+            "user: what?",
+            "assistant: reply 2",
+            "user: ok",
+            "assistant: reply 3"
+        ]
     );
 }
 
@@ -322,7 +399,11 @@ async fn interrupted_replies_are_shown_to_each_upstream_as_configured() {
         ("custom", "annotated", "The quick [interrupted by user]"),
     ];
     for (vendor, mode, expected) in cases {
-        let h = Harness::start("", &format!("vendor = \"{vendor}\"\ninterrupted = \"{mode}\"\n")).await;
+        let h = Harness::start(
+            "",
+            &format!("vendor = \"{vendor}\"\ninterrupted = \"{mode}\"\n"),
+        )
+        .await;
         h.upstream.push(completion("The quick brown fox."));
         h.say("r", "go").await;
         post_interrupt(&h, "r", Some(json!({"spoken": "The quick"}))).await;
@@ -342,8 +423,14 @@ async fn interrupted_replies_are_shown_to_each_upstream_as_configured() {
 #[tokio::test]
 async fn a_cancelled_non_streaming_request_is_recorded_as_interrupted() {
     let h = Harness::default().await;
-    h.upstream.push(Reply::Delayed(Duration::from_millis(600), Box::new(completion("Late but whole."))));
-    let client = reqwest::Client::builder().timeout(Duration::from_millis(150)).build().unwrap();
+    h.upstream.push(Reply::Delayed(
+        Duration::from_millis(600),
+        Box::new(completion("Late but whole.")),
+    ));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
     let result = client
         .post(format!("{}/v1/chat/completions", h.url))
         .header("x-session-id", "ns")
@@ -357,14 +444,23 @@ async fn a_cancelled_non_streaming_request_is_recorded_as_interrupted() {
     assert_eq!(record["metadata"]["original"], "Late but whole.");
     // The model does not see an empty reply next turn.
     h.say("ns", "hello?").await;
-    assert_eq!(h.upstream.last().transcript(), ["user: slow one", "user: hello?"]);
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: slow one", "user: hello?"]
+    );
 }
 
 #[tokio::test]
 async fn failures_keep_the_user_message_and_record_the_failure_message() {
-    let h = Harness::start("[history]\nfailure_message = \"Sorry, something went wrong.\"\n", "").await;
+    let h = Harness::start(
+        "[history]\nfailure_message = \"Sorry, something went wrong.\"\n",
+        "",
+    )
+    .await;
     h.upstream.push(error_reply(500, "boom"));
-    let (status, _) = h.chat(Some("f"), json!({"model": "m", "messages": [user("hi")]})).await;
+    let (status, _) = h
+        .chat(Some("f"), json!({"model": "m", "messages": [user("hi")]}))
+        .await;
     assert_eq!(status, 500);
     let (_, hist) = h.history("f").await;
     let fail = &hist["contents"][1];
@@ -376,7 +472,11 @@ async fn failures_keep_the_user_message_and_record_the_failure_message() {
     h.say("f", "hi").await;
     assert_eq!(
         h.transcript("f").await,
-        ["user: hi", "assistant: Sorry, something went wrong.", "assistant: reply 2"]
+        [
+            "user: hi",
+            "assistant: Sorry, something went wrong.",
+            "assistant: reply 2"
+        ]
     );
 }
 
@@ -386,7 +486,10 @@ async fn a_stream_that_breaks_is_recorded_like_an_interruption_with_the_error() 
     let z = Duration::from_millis(20);
     h.upstream.push(Reply::Sse {
         chunks: vec![
-            (z, delta_event(json!({"role": "assistant", "content": "Half a "}))),
+            (
+                z,
+                delta_event(json!({"role": "assistant", "content": "Half a "})),
+            ),
             (z, delta_event(json!({"content": "sentence"}))),
             (z, BREAK.to_owned()),
         ],
@@ -400,17 +503,29 @@ async fn a_stream_that_breaks_is_recorded_like_an_interruption_with_the_error() 
         .await
         .unwrap();
     let text = resp.text().await.unwrap();
-    assert!(text.contains("Half a ") && text.contains("\"error\""), "{text}");
+    assert!(
+        text.contains("Half a ") && text.contains("\"error\""),
+        "{text}"
+    );
     let (_, hist) = h.history("brk").await;
     let m = &hist["contents"][1];
     assert_eq!(m["content"], "Half a sentence");
     assert!(interrupted(m));
     assert_eq!(m["metadata"]["original_complete"], false);
-    assert!(m["metadata"]["error"].as_str().unwrap().contains("broke off"), "{m}");
+    assert!(
+        m["metadata"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("broke off"),
+        "{m}"
+    );
 
     // A stream that just stops without finishing counts the same way.
     h.upstream.push(Reply::Sse {
-        chunks: vec![(z, delta_event(json!({"role": "assistant", "content": "Cut"})))],
+        chunks: vec![(
+            z,
+            delta_event(json!({"role": "assistant", "content": "Cut"})),
+        )],
     });
     let resp = h
         .client
@@ -424,5 +539,11 @@ async fn a_stream_that_breaks_is_recorded_like_an_interruption_with_the_error() 
     let (_, hist) = h.history("brk").await;
     let m = &hist["contents"][3];
     assert_eq!(m["content"], "Cut");
-    assert!(m["metadata"]["error"].as_str().unwrap().contains("ended before"), "{m}");
+    assert!(
+        m["metadata"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("ended before"),
+        "{m}"
+    );
 }
