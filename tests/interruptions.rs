@@ -547,3 +547,42 @@ async fn a_stream_that_breaks_is_recorded_like_an_interruption_with_the_error() 
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn tool_call_deltas_relayed_before_the_cut_are_kept() {
+    let h = Harness::default().await;
+    let gap = Duration::from_millis(200);
+    h.upstream.push(Reply::Sse {
+        chunks: vec![
+            (
+                Duration::ZERO,
+                delta_event(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"index": 0, "id": "call_1", "type": "function",
+                 "function": {"name": "lookup", "arguments": "{\"q\":"}}]})),
+            ),
+            (
+                gap,
+                delta_event(
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"x\"}"}}]}),
+                ),
+            ),
+            (Duration::ZERO, sse_tail()),
+        ],
+    });
+    let (stream, _) = stream_until(&h, "tc", "look it up", "call_1").await;
+    drop(stream);
+    let record = wait_for(&h, "tc", 1, Duration::from_secs(2), original_complete).await;
+    assert!(interrupted(&record));
+    assert_eq!(record["tool_calls"][0]["id"], "call_1");
+    assert_eq!(record["tool_calls"][0]["function"]["arguments"], "{\"q\":");
+    assert_eq!(
+        record["metadata"]["original_tool_calls"][0]["function"]["arguments"],
+        "{\"q\":\"x\"}"
+    );
+    // The unanswered, half-made call is not shown to the model next turn.
+    h.say("tc", "never mind").await;
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: look it up", "user: never mind"]
+    );
+}
