@@ -7,17 +7,20 @@ use std::sync::Arc;
 use axum::http::{HeaderName, HeaderValue, Request};
 use axum::Router;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tower::ServiceBuilder;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::trace::TraceLayer;
 
+use crate::cache::AnswerCache;
 use crate::config::Config;
 use crate::message::Message;
 use crate::metrics::Counters;
 use crate::session::{Policy, Store};
 use crate::upstream::{BuildError, Upstreams};
+use crate::webhook::{LogOnly, Notifier, Webhook};
 
 pub struct App {
     pub config: Config,
@@ -25,11 +28,19 @@ pub struct App {
     pub upstreams: Upstreams,
     pub counters: Arc<Counters>,
     pub policy: Arc<Policy>,
+    pub notifier: Arc<dyn Notifier>,
+    pub cache: Option<AnswerCache>,
+    /// The bearer token the session API requires, if one is configured.
+    pub admin_token: Option<String>,
+    /// Wakes the sweeper early, when a new session goes over `max_sessions`.
+    pub sweep_now: Arc<Notify>,
     /// The configured `[[system_messages]]`, ready to send.
     pub instructions: Vec<Message>,
 }
 
 impl App {
+    /// Builds the application; starts the webhook's delivery task, so it
+    /// must be called inside a tokio runtime.
     pub fn new(config: Config) -> Result<Arc<Self>, BuildError> {
         let upstreams = Upstreams::from_config(&config.upstreams)?;
         let instructions = config
@@ -42,17 +53,37 @@ impl App {
             })
             .collect();
         let counters = Arc::new(Counters::default());
+        let notifier: Arc<dyn Notifier> = match &config.webhook.url {
+            Some(url) => {
+                Webhook::start(&config.webhook, url).map_err(|e| BuildError::new("webhook", e))?
+            }
+            None => Arc::new(LogOnly),
+        };
         let policy = Arc::new(Policy {
             history: config.history.clone(),
             on_new_request: config.interruption.on_new_request,
             counters: Arc::clone(&counters),
+            notifier: Arc::clone(&notifier),
         });
+        let admin_token = config
+            .admin
+            .token_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|t| !t.is_empty());
+        if admin_token.is_none() {
+            tracing::warn!("the /v1/sessions API is open: set [admin] token_env to protect it");
+        }
         Ok(Arc::new(Self {
+            cache: AnswerCache::new(&config.cache),
             config,
             sessions: Store::default(),
             upstreams,
             counters,
             policy,
+            notifier,
+            admin_token,
+            sweep_now: Arc::new(Notify::new()),
             instructions,
         }))
     }
@@ -99,7 +130,13 @@ pub async fn serve(
     app: Arc<App>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(app))
+    let sweeper = tokio::spawn(crate::lifecycle::sweeper(
+        Arc::clone(&app),
+        Arc::clone(&app.sweep_now),
+    ));
+    let served = axum::serve(listener, router(app))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    sweeper.abort();
+    served
 }

@@ -35,6 +35,12 @@ pub struct Config {
     #[serde(default)]
     pub interruption: InterruptionConfig,
     #[serde(default)]
+    pub webhook: WebhookConfig,
+    #[serde(default)]
+    pub cache: CacheConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
     pub log: LogConfig,
     #[serde(default)]
     pub system_messages: Vec<SystemMessage>,
@@ -63,6 +69,13 @@ impl Default for ServerConfig {
 pub struct SessionConfig {
     pub header: String,
     pub required: bool,
+    /// Header naming the speaking user; stored as `metadata.user`.
+    pub user_header: String,
+    pub require_user: bool,
+    /// A session idle this long ends (0 = never).
+    pub ttl_secs: u64,
+    /// Past this many sessions the least recently active one ends.
+    pub max_sessions: usize,
 }
 
 impl Default for SessionConfig {
@@ -70,8 +83,79 @@ impl Default for SessionConfig {
         Self {
             header: "x-session-id".into(),
             required: false,
+            user_header: "x-user-id".into(),
+            require_user: false,
+            ttl_secs: 3600,
+            max_sessions: 100_000,
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookConfig {
+    /// Where events are POSTed; unset = no webhook.
+    pub url: Option<String>,
+    /// Environment variable holding the HMAC-SHA256 signing secret.
+    pub secret_env: Option<String>,
+    /// Which events are delivered: `session_ended`, `history_trimmed`.
+    pub events: Vec<String>,
+    /// Attempts after the first before an event is given up (and logged).
+    pub max_retries: u32,
+    /// Delay before the first retry; it doubles with each retry.
+    pub retry_backoff_ms: u64,
+    pub timeout_secs: u64,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            secret_env: None,
+            events: vec!["session_ended".into()],
+            max_retries: 5,
+            retry_backoff_ms: 500,
+            timeout_secs: 10,
+        }
+    }
+}
+
+pub const WEBHOOK_EVENTS: &[&str] = &["session_ended", "history_trimmed"];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Answer a repeated user message from memory instead of the upstream.
+    pub exact_match: bool,
+    pub scope: CacheScope,
+    pub ttl_secs: u64,
+    pub max_entries: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            exact_match: false,
+            scope: CacheScope::Session,
+            ttl_secs: 3600,
+            max_entries: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheScope {
+    Session,
+    Global,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Environment variable holding the bearer token the `/v1/sessions`
+    /// routes require. Unset variable: the routes are open.
+    pub token_env: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -286,8 +370,41 @@ impl Config {
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be greater than 0"));
         }
-        if axum::http::HeaderName::try_from(self.session.header.as_str()).is_err() {
-            return Err(invalid("session.header", "is not a valid HTTP header name"));
+        for (key, name) in [
+            ("session.header", &self.session.header),
+            ("session.user_header", &self.session.user_header),
+        ] {
+            if axum::http::HeaderName::try_from(name.as_str()).is_err() {
+                return Err(invalid(key, "is not a valid HTTP header name"));
+            }
+        }
+        if self.session.max_sessions == 0 {
+            return Err(invalid("session.max_sessions", "must be at least 1"));
+        }
+        if let Some(url) = &self.webhook.url {
+            if !is_http_url(url) {
+                return Err(invalid(
+                    "webhook.url",
+                    &format!("({url:?}) must be an http(s) URL"),
+                ));
+            }
+        }
+        for e in &self.webhook.events {
+            if !WEBHOOK_EVENTS.contains(&e.as_str()) {
+                return Err(invalid(
+                    "webhook.events",
+                    &format!("({e:?}) must be one of {WEBHOOK_EVENTS:?}"),
+                ));
+            }
+        }
+        if self.webhook.timeout_secs == 0 {
+            return Err(invalid("webhook.timeout_secs", "must be at least 1"));
+        }
+        if self.cache.exact_match && (self.cache.max_entries == 0 || self.cache.ttl_secs == 0) {
+            return Err(invalid(
+                "cache.max_entries",
+                "and cache.ttl_secs must be greater than 0 when the cache is on",
+            ));
         }
         let h = &self.history;
         if h.max_messages != 0 && (h.window_messages == 0 || h.window_messages > h.max_messages) {
@@ -325,14 +442,11 @@ impl Config {
             if u.name.trim().is_empty() {
                 return Err(invalid(&key("name"), "must not be empty"));
             }
-            match reqwest::Url::parse(&u.base_url) {
-                Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
-                _ => {
-                    return Err(invalid(
-                        &key("base_url"),
-                        &format!("({:?}) must be an http(s) URL", u.base_url),
-                    ))
-                }
+            if !is_http_url(&u.base_url) {
+                return Err(invalid(
+                    &key("base_url"),
+                    &format!("({:?}) must be an http(s) URL", u.base_url),
+                ));
             }
             if u.models.is_empty() {
                 return Err(invalid(&key("models"), "must list at least one pattern"));
@@ -356,6 +470,11 @@ impl Config {
         }
         Ok(())
     }
+}
+
+fn is_http_url(text: &str) -> bool {
+    reqwest::Url::parse(text)
+        .is_ok_and(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
 }
 
 #[cfg(test)]

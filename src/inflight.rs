@@ -52,6 +52,8 @@ struct Progress {
     /// When the upstream's answer began, for the record's timestamp.
     started_ms: Option<i64>,
     outcome: Outcome,
+    /// Called with the reply when it is recorded complete.
+    on_complete: Option<Box<dyn FnOnce(&Message) + Send>>,
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
@@ -95,6 +97,12 @@ impl InFlight {
     /// The upstream has sent the end of its reply.
     pub fn received_complete(&self) -> bool {
         self.progress().received.is_complete()
+    }
+
+    /// Registers what to do with the reply once it is recorded complete
+    /// (the answer cache stores it).
+    pub fn on_complete(&self, f: Box<dyn FnOnce(&Message) + Send>) {
+        self.progress().on_complete = Some(f);
     }
 
     pub fn started(&self, at_ms: i64) {
@@ -261,6 +269,9 @@ impl InFlight {
     /// record's sequence number.
     fn record(&self, p: &mut Progress, reply: Option<Message>, outcome: Outcome) -> Option<u64> {
         p.outcome = outcome;
+        if let (Outcome::Complete, Some(reply), Some(f)) = (outcome, &reply, p.on_complete.take()) {
+            f(reply);
+        }
         let recorder = self.recorder.as_ref()?;
         let reply = reply.map(|r| self.stamped(r, p.started_ms));
         recorder.session.finish(self, reply, &recorder.policy)

@@ -8,10 +8,12 @@
 pub mod accumulate;
 pub mod api;
 pub mod app;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod inflight;
 pub mod interruption;
+pub mod lifecycle;
 pub mod message;
 pub mod metrics;
 pub mod reconcile;
@@ -20,6 +22,7 @@ pub mod session;
 pub mod turns;
 pub mod upstream;
 pub mod vendor;
+pub mod webhook;
 pub mod window;
 
 pub use app::{router, serve, App};

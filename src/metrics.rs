@@ -3,28 +3,51 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::window::{TrimReason, TrimScope};
+
 #[derive(Debug, Default)]
 pub struct Counters {
-    trimmed_sent: AtomicU64,
-    trimmed_kept: AtomicU64,
+    /// Messages trimmed, by scope (window, history) and reason (count, chars).
+    trimmed: [[AtomicU64; 2]; 2],
+    sessions_ended: AtomicU64,
+    cache_hits: AtomicU64,
 }
 
 impl Counters {
-    /// Messages left out of an upstream window.
-    pub fn add_trimmed_sent(&self, n: usize) {
-        self.trimmed_sent.fetch_add(n as u64, Ordering::Relaxed);
+    pub fn add_trimmed(&self, scope: TrimScope, reason: TrimReason, n: usize) {
+        self.trimmed[scope as usize][reason as usize].fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// Messages dropped from a session because it was over `max_messages`.
-    pub fn add_trimmed_kept(&self, n: usize) {
-        self.trimmed_kept.fetch_add(n as u64, Ordering::Relaxed);
+    pub fn trimmed(&self, scope: TrimScope, reason: TrimReason) -> u64 {
+        self.trimmed[scope as usize][reason as usize].load(Ordering::Relaxed)
     }
 
+    /// Messages left out of upstream windows, for any reason.
     pub fn trimmed_sent(&self) -> u64 {
-        self.trimmed_sent.load(Ordering::Relaxed)
+        self.trimmed[TrimScope::Window as usize]
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
     }
 
+    /// Messages dropped from sessions over `max_messages`.
     pub fn trimmed_kept(&self) -> u64 {
-        self.trimmed_kept.load(Ordering::Relaxed)
+        self.trimmed(TrimScope::History, TrimReason::MaxMessages)
+    }
+
+    pub fn session_ended(&self) {
+        self.sessions_ended.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn sessions_ended(&self) -> u64 {
+        self.sessions_ended.load(Ordering::Relaxed)
+    }
+
+    pub fn cache_hit(&self) {
+        self.cache_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn cache_hits(&self) -> u64 {
+        self.cache_hits.load(Ordering::Relaxed)
     }
 }

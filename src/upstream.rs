@@ -28,18 +28,24 @@ pub struct Upstream {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("upstream `{name}`: {message}")]
+#[error("{name}: {message}")]
 pub struct BuildError {
     name: String,
     message: String,
 }
 
+impl BuildError {
+    pub fn new(name: &str, e: impl std::fmt::Display) -> Self {
+        Self {
+            name: name.to_owned(),
+            message: e.to_string(),
+        }
+    }
+}
+
 impl Upstream {
     pub fn from_config(c: &UpstreamConfig) -> Result<Self, BuildError> {
-        let fail = |message: String| BuildError {
-            name: c.name.clone(),
-            message,
-        };
+        let fail = |message: String| BuildError::new(&format!("upstream `{}`", c.name), message);
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(c.connect_timeout_secs))
             .read_timeout(Duration::from_secs(c.read_timeout_secs))

@@ -38,6 +38,33 @@ pub fn window_start(history: &[Message], limits: Limits) -> usize {
     start
 }
 
+/// Why a window left out older messages: what including one more would
+/// have exceeded. Call only with `start > 0`.
+pub fn trim_reason(history: &[Message], limits: Limits, start: usize) -> TrimReason {
+    let widened = history.len() - start + 1;
+    if limits.messages != 0 && widened > limits.messages {
+        TrimReason::MaxMessages
+    } else {
+        TrimReason::MaxChars
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrimReason {
+    MaxMessages,
+    MaxChars,
+}
+
+/// Where messages were trimmed from: the window sent upstream, or the
+/// history a session keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrimScope {
+    Window,
+    History,
+}
+
 /// How many of the oldest messages to drop so that at most `max` remain
 /// (0 = keep all). Groups stay whole and the newest turn is always kept.
 pub fn keep_start(history: &[Message], max: usize) -> usize {
@@ -153,6 +180,27 @@ mod tests {
         // Five start at the call, which brings its results along.
         assert_eq!(window_start(&h, count(5)), 1);
         assert_eq!(window_start(&h, count(6)), 0);
+    }
+
+    #[test]
+    fn trim_reason_names_the_limit_that_cut() {
+        let h = [u("aaaa"), a("bbbb"), u("cc")];
+        let both = Limits {
+            messages: 2,
+            chars: 100,
+        };
+        assert_eq!(
+            trim_reason(&h, both, window_start(&h, both)),
+            TrimReason::MaxMessages
+        );
+        let chars = Limits {
+            messages: 10,
+            chars: 6,
+        };
+        assert_eq!(
+            trim_reason(&h, chars, window_start(&h, chars)),
+            TrimReason::MaxChars
+        );
     }
 
     #[test]

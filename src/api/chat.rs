@@ -9,16 +9,17 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
 use crate::app::App;
+use crate::cache;
 use crate::error::{ApiError, RequestError};
 use crate::inflight::InFlight;
 use crate::message::{parse_messages, Message};
 use crate::relay::{self, now_ms, Exchange};
-use crate::session;
+use crate::session::{self, Refused};
 use crate::vendor::{self, TurnInfo};
 
 pub async fn completions(
@@ -31,6 +32,7 @@ pub async fn completions(
     let mut body = parse_body(&bytes)?;
     let messages = take_messages(&mut body)?;
     let session_id = session_id(&app, path.as_ref().map(|p| &p.0), &headers, &body)?;
+    let user = user_id(&app, &headers)?;
     let model = match body.get("model") {
         Some(Value::String(m)) => m.clone(),
         _ => {
@@ -44,33 +46,70 @@ pub async fn completions(
     let upstream = app
         .upstreams
         .route(&model)
-        .ok_or(RequestError::UnknownModel { model })?
+        .ok_or_else(|| RequestError::UnknownModel {
+            model: model.clone(),
+        })?
         .clone();
 
-    let (instructions, conversation): (Vec<Message>, Vec<Message>) =
+    let (instructions, mut conversation): (Vec<Message>, Vec<Message>) =
         messages.into_iter().partition(Message::is_instruction);
+    if let Some(user) = &user {
+        label_user(&mut conversation, user);
+    }
+    let now = now_ms();
+
+    let (window, turn, flight, session_instructions) = match &session_id {
+        Some(id) => {
+            let (prepared, flight) = open_turn(&app, id, &conversation, user.as_deref(), now)?;
+            let turn = TurnInfo {
+                turn_id: prepared.turn_id,
+            };
+            (
+                prepared.window,
+                Some(turn),
+                flight,
+                prepared.system_messages,
+            )
+        }
+        // Stateless: the client manages its own history; send it as is.
+        None => (
+            conversation,
+            None,
+            Arc::new(InFlight::stateless()),
+            Vec::new(),
+        ),
+    };
     let all_instructions: Vec<Message> = app
         .instructions
         .iter()
         .cloned()
+        .chain(session_instructions)
         .chain(instructions)
         .collect();
-    let now = now_ms();
 
-    let (window, turn, flight) = match &session_id {
-        Some(id) => {
-            let session = app.sessions.get_or_create(id);
-            let (prepared, flight) = session
-                .begin(&app.policy, &conversation, now)
-                .map_err(|_| RequestError::Busy { id: id.clone() })?;
-            let turn = TurnInfo {
-                turn_id: prepared.turn_id,
-            };
-            (prepared.window, Some(turn), flight)
+    let cache_key = cache_key(
+        &app,
+        &body,
+        session_id.as_deref(),
+        &model,
+        &all_instructions,
+        &window,
+    );
+    if let Some(key) = cache_key.filter(|_| !bypass_cache(&headers)) {
+        if let Some(answer) = app.cache.as_ref().and_then(|c| c.get(&key)) {
+            return Ok(answer_from_cache(
+                &app, &flight, &body, &model, &answer, now,
+            ));
         }
-        // Stateless: the client manages its own history; send it as is.
-        None => (conversation, None, Arc::new(InFlight::stateless())),
-    };
+    }
+    if let (Some(key), Some(_)) = (cache_key, &app.cache) {
+        let app = Arc::clone(&app);
+        flight.on_complete(Box::new(move |reply| {
+            if let Some(cache) = &app.cache {
+                cache.put(key, reply);
+            }
+        }));
+    }
 
     vendor::rewrite(
         &upstream.rules,
@@ -95,14 +134,144 @@ pub async fn completions(
         "forwarding chat completion"
     );
 
-    relay::start(Exchange {
+    let mut response = relay::start(Exchange {
         upstream,
         client_headers: headers,
         body: upstream_body.into(),
         flight,
         drain: app.config.interruption.clone(),
     })
-    .await
+    .await?;
+    if cache_key.is_some() {
+        response
+            .headers_mut()
+            .insert(CACHE_HEADER, HeaderValue::from_static("miss"));
+    }
+    Ok(response)
+}
+
+/// Begins a turn in session `id`, creating the session if needed. A session
+/// that ended while this request held it is looked up again (and so
+/// started anew).
+fn open_turn(
+    app: &App,
+    id: &str,
+    conversation: &[Message],
+    user: Option<&str>,
+    now: i64,
+) -> Result<(session::Prepared, Arc<InFlight>), ApiError> {
+    loop {
+        let (session, created) = app.sessions.get_or_create(id, now);
+        if created && app.sessions.len() > app.config.session.max_sessions {
+            app.sweep_now.notify_one();
+        }
+        match session.begin(&app.policy, conversation, user, now) {
+            Ok(begun) => return Ok(begun),
+            Err(Refused::Busy) => return Err(RequestError::Busy { id: id.to_owned() }.into()),
+            Err(Refused::Ended) => continue,
+        }
+    }
+}
+
+/// Seed 000's `metadata.user`: who said each user message, unless the
+/// client already said.
+fn label_user(conversation: &mut [Message], user: &str) {
+    for m in conversation.iter_mut().filter(|m| m.role == "user") {
+        m.metadata_mut()
+            .entry("user")
+            .or_insert_with(|| Value::String(user.to_owned()));
+    }
+}
+
+const CACHE_HEADER: &str = "x-recall-cache";
+
+fn bypass_cache(headers: &HeaderMap) -> bool {
+    headers
+        .get(CACHE_HEADER)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"bypass"))
+}
+
+fn cache_key(
+    app: &App,
+    body: &Map<String, Value>,
+    session_id: Option<&str>,
+    model: &str,
+    instructions: &[Message],
+    window: &[Message],
+) -> Option<cache::Key> {
+    let cache = app.cache.as_ref()?;
+    let has_tools = ["tools", "functions"].iter().any(|k| {
+        body.get(*k)
+            .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+    });
+    cache.key(
+        session_id.unwrap_or_default(),
+        model,
+        instructions,
+        window.last(),
+        has_tools,
+    )
+}
+
+/// Answers from the cache, in the shape the client asked for, and records
+/// the answer like any reply (`metadata.source = "cache"`).
+fn answer_from_cache(
+    app: &App,
+    flight: &InFlight,
+    body: &Map<String, Value>,
+    model: &str,
+    answer: &str,
+    now: i64,
+) -> Response {
+    app.counters.cache_hit();
+    let mut reply = Message::new("assistant", answer);
+    reply
+        .metadata_mut()
+        .insert("source".into(), Value::String("cache".into()));
+    flight.started(now);
+    flight.completed_whole(reply);
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let mut response = if stream {
+        let usage = body
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let sse = cache::sse_body(model, answer, now, usage);
+        let mut r = Response::new(Body::from(sse));
+        r.headers_mut().insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+        r
+    } else {
+        axum::Json(cache::completion_body(model, answer, now)).into_response()
+    };
+    response
+        .headers_mut()
+        .insert(CACHE_HEADER, HeaderValue::from_static("hit"));
+    response
+}
+
+/// The user speaking, from the configured user header.
+fn user_id(app: &App, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let header = &app.config.session.user_header;
+    match headers.get(header.as_str()) {
+        Some(v) => match v.to_str() {
+            Ok(id) if !id.trim().is_empty() && id.len() <= 256 => Ok(Some(id.trim().to_owned())),
+            _ => Err(RequestError::invalid(
+                format!("the `{header}` header must be 1 to 256 characters of text"),
+                Some(header),
+            )
+            .into()),
+        },
+        None if app.config.session.require_user => Err(RequestError::invalid(
+            format!("a user id is required: send the `{header}` header"),
+            Some(header),
+        )
+        .into()),
+        None => Ok(None),
+    }
 }
 
 fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {

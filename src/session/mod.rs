@@ -8,16 +8,22 @@
 //! taken interrupts that reply (barge-in) or is rejected, as configured;
 //! it never waits for the old reply's upstream to be drained.
 
+mod admin;
+mod store;
+
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use dashmap::DashMap;
+pub use admin::{Ended, Summary};
+pub use store::Store;
 
 use crate::config::{HistoryConfig, OnNewRequest};
 use crate::inflight::{InFlight, Recorder};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::metrics::Counters;
-use crate::window::{self, Limits};
+use crate::webhook::{Event, Notifier};
+use crate::window::{self, Limits, TrimReason, TrimScope};
 use crate::{reconcile, turns};
 
 /// Session ids are chosen by clients, so they are checked, never defaulted.
@@ -30,46 +36,17 @@ pub fn validate_id(id: &str) -> Result<(), &'static str> {
 }
 
 /// The parts of the config that govern memory, shared by every session.
-#[derive(Debug)]
 pub struct Policy {
     pub history: HistoryConfig,
     pub on_new_request: OnNewRequest,
     pub counters: Arc<Counters>,
-}
-
-#[derive(Default)]
-pub struct Store {
-    sessions: DashMap<String, Arc<Session>>,
-}
-
-impl Store {
-    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions.get(id).map(|s| Arc::clone(&s))
-    }
-
-    pub fn get_or_create(&self, id: &str) -> Arc<Session> {
-        if let Some(s) = self.get(id) {
-            return s;
-        }
-        Arc::clone(
-            &self
-                .sessions
-                .entry(id.to_owned())
-                .or_insert_with(|| Arc::new(Session::new(id))),
-        )
-    }
-
-    pub fn len(&self) -> usize {
-        self.sessions.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sessions.is_empty()
-    }
+    pub notifier: Arc<dyn Notifier>,
 }
 
 pub struct Session {
     pub id: String,
+    pub created_ms: i64,
+    last_active_ms: AtomicI64,
     state: Mutex<State>,
 }
 
@@ -81,6 +58,12 @@ struct State {
     /// dropped, so a message keeps its number while it is stored.
     first_seq: u64,
     active: Option<Arc<InFlight>>,
+    /// Per-session instructions, sent after the configured ones.
+    system_messages: Vec<Message>,
+    /// Users seen speaking in this session (the user header).
+    users: Vec<String>,
+    /// Set when the session ends; a request still holding it starts anew.
+    ended: bool,
 }
 
 /// A copy of a session's memory.
@@ -95,11 +78,17 @@ pub struct History {
 pub struct Prepared {
     pub turn_id: u64,
     pub window: Vec<Message>,
+    pub system_messages: Vec<Message>,
 }
 
-/// The session has a reply in flight and is configured to reject.
-#[derive(Debug)]
-pub struct Busy;
+/// Why a turn could not begin.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// A reply is in flight and the policy is to reject.
+    Busy,
+    /// The session ended meanwhile; look it up again.
+    Ended,
+}
 
 /// What the interrupt endpoint did.
 #[derive(Debug)]
@@ -112,11 +101,26 @@ pub enum Interrupted {
 }
 
 impl Session {
-    fn new(id: &str) -> Self {
+    fn new(id: &str, now_ms: i64) -> Self {
         Self {
             id: id.to_owned(),
+            created_ms: now_ms,
+            last_active_ms: AtomicI64::new(now_ms),
             state: Mutex::new(State::default()),
         }
+    }
+
+    pub fn touch(&self, now_ms: i64) {
+        self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    pub fn last_active_ms(&self) -> i64 {
+        self.last_active_ms.load(Ordering::Relaxed)
+    }
+
+    /// A reply is in flight: the session is not idle whatever the clock says.
+    pub fn is_busy(&self) -> bool {
+        self.state().active.is_some()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -139,31 +143,46 @@ impl Session {
         self: &Arc<Self>,
         policy: &Arc<Policy>,
         incoming: &[Message],
+        user: Option<&str>,
         now_ms: i64,
-    ) -> Result<(Prepared, Arc<InFlight>), Busy> {
+    ) -> Result<(Prepared, Arc<InFlight>), Refused> {
+        let mut st = self.settled(policy.on_new_request)?;
+        if let Some(user) = user {
+            if !st.users.iter().any(|u| u == user) {
+                st.users.push(user.to_owned());
+            }
+        }
+        let prepared = self.append(&mut st, policy, incoming, now_ms);
+        let recorder = Recorder::new(Arc::clone(self), Arc::clone(policy));
+        let flight = Arc::new(InFlight::new(Some(recorder), prepared.turn_id));
+        st.active = Some(Arc::clone(&flight));
+        self.touch(now_ms);
+        Ok((prepared, flight))
+    }
+
+    /// Settles the reply in flight, if any, as `policy` says, and returns
+    /// the state with no reply in flight.
+    fn settled(&self, policy: OnNewRequest) -> Result<MutexGuard<'_, State>, Refused> {
         loop {
             let active = {
-                let mut st = self.state();
+                let st = self.state();
+                if st.ended {
+                    return Err(Refused::Ended);
+                }
                 match &st.active {
+                    None => return Ok(st),
                     Some(active) => Arc::clone(active),
-                    None => {
-                        let prepared = self.append(&mut st, policy, incoming, now_ms);
-                        let recorder = Recorder::new(Arc::clone(self), Arc::clone(policy));
-                        let flight = Arc::new(InFlight::new(Some(recorder), prepared.turn_id));
-                        st.active = Some(Arc::clone(&flight));
-                        return Ok((prepared, flight));
-                    }
                 }
             };
             // The reply's own lock is taken before the session's, never
             // the other way round: the session lock is released above.
-            match policy.on_new_request {
+            match policy {
                 OnNewRequest::Interrupt => {
                     active.interrupt(None);
                 }
                 OnNewRequest::Reject => {
                     if !active.settle_if_delivered() {
-                        return Err(Busy);
+                        return Err(Refused::Busy);
                     }
                 }
             }
@@ -195,12 +214,13 @@ impl Session {
         };
         let start = window::window_start(&st.messages, limits);
         if start > 0 {
-            policy.counters.add_trimmed_sent(start);
-            tracing::debug!(session = %self.id, trimmed = start, "window leaves out older messages");
+            let reason = window::trim_reason(&st.messages, limits, start);
+            self.trimmed(policy, TrimScope::Window, reason, start);
         }
         Prepared {
             turn_id: st.turn_id,
             window: st.messages[start..].to_vec(),
+            system_messages: st.system_messages.clone(),
         }
     }
 
@@ -209,8 +229,21 @@ impl Session {
         if drop > 0 {
             st.messages.drain(..drop);
             st.first_seq += drop as u64;
-            policy.counters.add_trimmed_kept(drop);
-            tracing::debug!(session = %self.id, dropped = drop, "history over max_messages: oldest dropped");
+            self.trimmed(policy, TrimScope::History, TrimReason::MaxMessages, drop);
+        }
+    }
+
+    /// Counts a trim, logs it, and tells the webhook when it asks to know.
+    fn trimmed(&self, policy: &Policy, scope: TrimScope, reason: TrimReason, n: usize) {
+        policy.counters.add_trimmed(scope, reason, n);
+        tracing::debug!(session = %self.id, ?scope, ?reason, removed = n, "history trimmed");
+        if policy.notifier.wants("history_trimmed") {
+            policy.notifier.notify(Event::HistoryTrimmed {
+                session_id: self.id.clone(),
+                removed_count: n,
+                reason,
+                scope,
+            });
         }
     }
 
