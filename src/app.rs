@@ -111,7 +111,7 @@ impl MakeRequestId for SequentialId {
 /// answer with OpenAI's error shape rather than a bare 413.
 pub fn router(app: Arc<App>) -> Router {
     let id_header = HeaderName::from_static(REQUEST_ID_HEADER);
-    crate::api::routes()
+    crate::api::routes(&app)
         .layer(
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(

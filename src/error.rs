@@ -31,6 +31,10 @@ pub enum RequestError {
     Busy { id: String },
     #[error("session `{id}` has no assistant reply to interrupt")]
     NothingToInterrupt { id: String },
+    #[error(
+        "the session API needs `Authorization: Bearer <token>` (the token in [admin] token_env)"
+    )]
+    Unauthorized,
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
 }
@@ -124,6 +128,12 @@ impl ApiError {
                     "invalid_request_error",
                     None,
                     Some("nothing_to_interrupt"),
+                ),
+                R::Unauthorized => (
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_request_error",
+                    None,
+                    Some("invalid_api_key"),
                 ),
                 R::MethodNotAllowed { .. } => (
                     StatusCode::METHOD_NOT_ALLOWED,

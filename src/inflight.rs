@@ -53,8 +53,11 @@ struct Progress {
     started_ms: Option<i64>,
     outcome: Outcome,
     /// Called with the reply when it is recorded complete.
-    on_complete: Option<Box<dyn FnOnce(&Message) + Send>>,
+    on_complete: Option<OnComplete>,
 }
+
+/// What to do with a reply recorded complete (the answer cache stores it).
+pub type OnComplete = Box<dyn FnOnce(&Message) + Send>;
 
 #[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
 enum Outcome {
@@ -101,7 +104,7 @@ impl InFlight {
 
     /// Registers what to do with the reply once it is recorded complete
     /// (the answer cache stores it).
-    pub fn on_complete(&self, f: Box<dyn FnOnce(&Message) + Send>) {
+    pub fn on_complete(&self, f: OnComplete) {
         self.progress().on_complete = Some(f);
     }
 
@@ -202,6 +205,11 @@ impl InFlight {
     pub fn broke(&self, error: &str) {
         let mut p = self.progress();
         match p.outcome {
+            // The last event went out before the connection failed.
+            Outcome::Open if p.relayed.is_complete() => {
+                let reply = p.relayed.to_message();
+                self.record(&mut p, Some(reply), Outcome::Complete);
+            }
             Outcome::Open if p.relayed.is_empty() && p.received.is_empty() => {
                 drop(p);
                 self.failed(error);

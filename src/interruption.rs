@@ -130,6 +130,11 @@ pub fn render<'a>(
     marker: &str,
     next_is_tool_result: bool,
 ) -> Option<Cow<'a, Message>> {
+    if is_failure(m) {
+        // The call failed: the model never said it, and showing it would
+        // make the question look answered.
+        return None;
+    }
     if m.role != "assistant" || !is_interrupted(m) {
         return Some(Cow::Borrowed(m));
     }
@@ -246,9 +251,10 @@ mod tests {
     }
 
     #[test]
-    fn failure_reply_is_marked() {
+    fn failure_reply_is_marked_and_not_shown_to_the_model() {
         let m = failure_reply("Sorry, try again.", "upstream answered 503");
         assert!(is_failure(&m));
+        assert!(render(&m, InterruptedRendering::Original, "", false).is_none());
         assert_eq!(m.meta_str(ERROR), Some("upstream answered 503"));
     }
 }

@@ -30,15 +30,33 @@ pub struct Reconciled {
 /// that matches only by skipping an interrupted reply at the very end, with
 /// nothing after it, is a new utterance (the user said the same thing again
 /// after being answered), not a retry.
-pub fn reconcile(history: &[Message], incoming: &[Message]) -> Reconciled {
+///
+/// When older messages were dropped from the history (`max_messages`), a
+/// client that resends everything starts with messages recall no longer
+/// holds: the whole stored history may then line up further into the
+/// request, and what comes before it counts as already seen.
+pub fn reconcile(history: &[Message], incoming: &[Message], front_dropped: bool) -> Reconciled {
     let mut best = Reconciled::default();
     for start in 0..history.len() {
         if best.overlap == incoming.len() {
-            break;
+            return best;
         }
         if let Some(found) = align(history, start, incoming) {
             if found.overlap > best.overlap {
                 best = found;
+            }
+        }
+    }
+    if front_dropped && !history.is_empty() {
+        for skip in 1..incoming.len() {
+            if best.overlap == incoming.len() {
+                break;
+            }
+            if let Some(mut found) = align(history, 0, &incoming[skip..]) {
+                found.overlap += skip;
+                if found.overlap > best.overlap {
+                    best = found;
+                }
             }
         }
     }
@@ -47,7 +65,7 @@ pub fn reconcile(history: &[Message], incoming: &[Message]) -> Reconciled {
 
 /// The messages of `incoming` that are new to `history`.
 pub fn to_append<'a>(history: &[Message], incoming: &'a [Message]) -> &'a [Message] {
-    &incoming[reconcile(history, incoming).overlap..]
+    &incoming[reconcile(history, incoming, false).overlap..]
 }
 
 /// Lines `incoming` up against `history[start..]`, which must be used up.
@@ -73,10 +91,14 @@ fn align(history: &[Message], start: usize, incoming: &[Message]) -> Option<Reco
         found.overlap += 1;
         skipped_interrupted_at_end = false;
     }
-    if found.overlap == 0 || (skipped_interrupted_at_end && found.overlap == incoming.len()) {
-        return None;
+    if skipped_interrupted_at_end && found.overlap == incoming.len() {
+        // The request ends where a cut reply was: if it ends with a user
+        // message, that message was said again and is new.
+        if incoming[found.overlap - 1].role == "user" {
+            found.overlap -= 1;
+        }
     }
-    Some(found)
+    (found.overlap > 0).then_some(found)
 }
 
 enum Match {
@@ -103,6 +125,14 @@ fn lines_up(stored: &Message, sent: &Message) -> Match {
         return Match::No;
     }
     match (&stored.content, &sent.content) {
+        // Clients that trim whitespace, or blank the text of a tool-call
+        // message, have not reported a cut.
+        (Value::String(full), Value::String(part))
+            if full.trim_end() == part.trim_end()
+                || (part.trim().is_empty() && stored.has_tool_calls()) =>
+        {
+            Match::Same
+        }
         (Value::String(full), Value::String(part)) if full.starts_with(part.as_str()) => {
             Match::Shortened(part.clone())
         }
@@ -224,11 +254,15 @@ mod tests {
     #[test]
     fn a_shortened_reply_is_reported() {
         let h = [u("joke?"), a("Why did the scarecrow win?")];
-        let r = reconcile(&h, &[u("joke?"), a("Why did"), u("story")]);
+        let r = reconcile(&h, &[u("joke?"), a("Why did"), u("story")], false);
         assert_eq!(r.overlap, 2);
         assert_eq!(r.shortened, vec![(1, "Why did".to_owned())]);
         // The same text is no correction.
-        let r = reconcile(&h, &[u("joke?"), a("Why did the scarecrow win?"), u("x")]);
+        let r = reconcile(
+            &h,
+            &[u("joke?"), a("Why did the scarecrow win?"), u("x")],
+            false,
+        );
         assert!(r.shortened.is_empty());
     }
 
@@ -252,6 +286,45 @@ mod tests {
     }
 
     #[test]
+    fn resending_up_to_a_cut_reply_adds_only_the_repeated_utterance() {
+        let h = [u("1"), a("b"), u("q"), cut("Why", "Why did")];
+        assert_eq!(contents(to_append(&h, &[u("1"), a("b"), u("q")])), ["q"]);
+    }
+
+    #[test]
+    fn a_full_resend_after_trimming_appends_only_the_new_tail() {
+        let h = [u("u2"), a("a2"), u("u3"), a("a3")];
+        let m = [
+            u("u1"),
+            a("a1"),
+            u("u2"),
+            a("a2"),
+            u("u3"),
+            a("a3"),
+            u("u4"),
+        ];
+        let r = reconcile(&h, &m, true);
+        assert_eq!(contents(&m[r.overlap..]), ["u4"]);
+        // Without trimming, unknown leading messages are never dropped.
+        assert_eq!(reconcile(&h, &m, false).overlap, 0);
+        let h = [u("hi")];
+        assert_eq!(reconcile(&h, &[u("other"), u("hi")], false).overlap, 0);
+    }
+
+    #[test]
+    fn whitespace_or_blanked_tool_text_is_no_cut() {
+        let h = [u("q"), a("Sure. ")];
+        let r = reconcile(&h, &[u("q"), a("Sure."), u("n")], false);
+        assert_eq!((r.overlap, r.shortened.len()), (2, 0));
+        let mut call = a("Let me check.");
+        call.tool_calls = Some(vec![json!({"id": "c1"})]);
+        let mut sent = a("");
+        sent.tool_calls = Some(vec![json!({"id": "c1"})]);
+        let r = reconcile(&[u("q"), call], &[u("q"), sent], false);
+        assert_eq!((r.overlap, r.shortened.len()), (2, 0));
+    }
+
+    #[test]
     fn a_recorded_failure_does_not_turn_a_retry_into_a_duplicate() {
         let fail = crate::interruption::failure_reply("Sorry.", "503");
         let h = [u("a"), a("b"), u("q"), fail];
@@ -262,7 +335,7 @@ mod tests {
     #[test]
     fn text_beyond_what_went_out_still_lines_up() {
         let h = [u("q"), cut("Why", "Why did it")];
-        let r = reconcile(&h, &[u("q"), a("Why did"), u("n")]);
+        let r = reconcile(&h, &[u("q"), a("Why did"), u("n")], false);
         assert_eq!((r.overlap, r.shortened.len()), (2, 0));
     }
 

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::WaitForCancellationFutureOwned;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::accumulate::{self, Event};
 use crate::config::InterruptionConfig;
@@ -29,6 +29,8 @@ use crate::upstream::{relayed_response_headers, Upstream};
 
 /// Chunks buffered between the upstream reader and a slow client.
 const RELAY_BUFFER: usize = 64;
+/// How long a stalled client may hold up the error event of a broken stream.
+const ERROR_EVENT_WAIT: Duration = Duration::from_secs(10);
 
 pub struct Exchange {
     pub upstream: Arc<Upstream>,
@@ -50,6 +52,7 @@ pub async fn start(exchange: Exchange) -> Head {
     let head = tokio::select! {
         head = rx => head.unwrap_or_else(|_| {
             tracing::error!("relay task ended without an answer");
+            flight.failed("internal error: the relay task ended without an answer");
             Err(ApiError::Internal)
         }),
         // Interrupted before the answer began (barge-in, interrupt endpoint).
@@ -175,6 +178,8 @@ async fn stream(
         let bytes = match watch.run(upstream.next()).await {
             None => break End::Abandoned,
             Some(None) => break End::Finished,
+            // A connection that fails after the reply's end lost nothing.
+            Some(Some(Err(_))) if ex.flight.received_complete() => break End::Finished,
             Some(Some(Err(e))) => break End::Broke(format!("upstream stream broke off: {e}")),
             Some(Some(Ok(bytes))) => bytes,
         };
@@ -198,20 +203,20 @@ async fn stream(
         }
     };
     match end {
-        End::Finished if watch.is_cut() => ex.flight.drained(true),
+        End::Finished if watch.is_cut() => ex.flight.drained(false),
         End::Finished => {
             // The body records the reply once its last chunk has gone out.
             if !ex.flight.received_complete() {
                 let why = "upstream stream ended before the reply was complete";
                 ex.flight.broke(why);
-                send_error_event(&tx, why).await;
+                send_error_event(&tx, why, ex.flight.cut_token()).await;
             }
         }
         End::Broke(why) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %why, "upstream stream failed");
             ex.flight.broke(&why);
-            if !watch.is_cut() {
-                send_error_event(&tx, &why).await;
+            if !watch.is_cut() && !ex.flight.received_complete() {
+                send_error_event(&tx, &why, ex.flight.cut_token()).await;
             }
         }
         End::Abandoned => ex.flight.drained(false),
@@ -228,16 +233,19 @@ enum End {
 }
 
 /// An OpenAI-style error event, which the SDKs raise as an exception.
-async fn send_error_event(tx: &mpsc::Sender<Chunk>, message: &str) {
+async fn send_error_event(tx: &mpsc::Sender<Chunk>, message: &str, cut: &CancellationToken) {
     let event = serde_json::json!({"error": {
         "message": message, "type": "upstream_error", "param": null, "code": "stream_broken"}});
-    let bytes = Bytes::from(format!("data: {event}\n\n"));
-    let _ = tx
-        .send(Chunk {
-            bytes,
-            events: Vec::new(),
-        })
-        .await;
+    let chunk = Chunk {
+        bytes: Bytes::from(format!("data: {event}\n\n")),
+        events: Vec::new(),
+    };
+    // A client that stopped reading must not keep this task alive.
+    tokio::select! {
+        _ = tx.send(chunk) => {}
+        _ = cut.cancelled() => {}
+        _ = tokio::time::sleep(ERROR_EVENT_WAIT) => {}
+    }
 }
 
 fn error_message(body: &[u8]) -> String {
@@ -275,10 +283,12 @@ impl CutWatch {
     async fn run<F: Future>(&mut self, fut: F) -> Option<F::Output> {
         tokio::pin!(fut);
         if self.deadline.is_none() {
-            tokio::select! {
-                biased;
-                out = &mut fut => return Some(out),
-                _ = self.flight.cut_token().cancelled() => {}
+            if !self.is_cut() {
+                tokio::select! {
+                    biased;
+                    out = &mut fut => return Some(out),
+                    _ = self.flight.cut_token().cancelled() => {}
+                }
             }
             if !self.capture {
                 return None;

@@ -33,7 +33,7 @@ pub fn stamp_client_messages(
             Some(given) => turn = turn.max(given),
             None => {
                 if opens_turn {
-                    turn += 1;
+                    turn = turn.saturating_add(1);
                 }
                 m.turn_id = Some(turn);
             }

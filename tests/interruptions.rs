@@ -586,3 +586,71 @@ async fn tool_call_deltas_relayed_before_the_cut_are_kept() {
         ["user: look it up", "user: never mind"]
     );
 }
+
+#[tokio::test]
+async fn a_connection_that_fails_after_done_loses_nothing() {
+    let h = Harness::default().await;
+    let z = Duration::from_millis(10);
+    h.upstream.push(Reply::Sse {
+        chunks: vec![
+            (
+                z,
+                delta_event(json!({"role": "assistant", "content": "All of it"})),
+            ),
+            (z, sse_tail()),
+            (Duration::from_millis(200), BREAK.to_owned()),
+        ],
+    });
+    let resp = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", "d")
+        .json(&json!({"model": "m", "stream": true, "messages": [user("q")]}))
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    assert!(
+        !text[text.find("[DONE]").unwrap()..].contains("error"),
+        "{text}"
+    );
+    let (_, hist) = h.history("d").await;
+    let reply = &hist["contents"][1];
+    assert_eq!(reply["content"], "All of it");
+    assert!(reply["metadata"].get("interrupted").is_none(), "{reply}");
+}
+
+#[tokio::test]
+async fn an_original_cut_short_by_the_upstream_is_not_called_complete() {
+    let h = Harness::default().await;
+    h.upstream.push(Reply::Sse {
+        chunks: vec![
+            (
+                Duration::ZERO,
+                delta_event(json!({"role": "assistant", "content": "Why "})),
+            ),
+            // No finish chunk and no [DONE]: the upstream just ends.
+            (
+                Duration::from_millis(300),
+                delta_event(json!({"content": "did"})),
+            ),
+        ],
+    });
+    let (stream, _) = stream_until(&h, "tr", "q", "Why").await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (_, hist) = h.history("tr").await;
+    let m = &hist["contents"][1];
+    assert_eq!(m["metadata"]["original"], "Why did");
+    assert_eq!(m["metadata"]["original_complete"], false, "{m}");
+}
+
+#[tokio::test]
+async fn the_failure_message_is_not_shown_to_the_model() {
+    let h = Harness::start("[history]\nfailure_message = \"Sorry.\"\n", "").await;
+    h.upstream.push(error_reply(500, "boom"));
+    h.chat(Some("f"), json!({"model": "m", "messages": [user("hi")]}))
+        .await;
+    h.say("f", "hi").await;
+    assert_eq!(h.upstream.last().transcript(), ["user: hi"]);
+}

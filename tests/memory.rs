@@ -448,3 +448,44 @@ async fn concurrent_requests_in_one_session_keep_turn_order() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_full_resend_client_after_trimming_adds_no_duplicates() {
+    let h = Harness::start("[history]\nmax_messages = 6\nwindow_messages = 6\n", "").await;
+    let mut conv = vec![];
+    for i in 0..6 {
+        conv.push(user(&format!("u{i}")));
+        let (status, body) = h
+            .chat(Some("t"), json!({"model": "m", "messages": conv.clone()}))
+            .await;
+        assert_eq!(status, 200);
+        conv.push(assistant(
+            body["choices"][0]["message"]["content"].as_str().unwrap(),
+        ));
+    }
+    assert_eq!(
+        h.transcript("t").await,
+        [
+            "user: u3",
+            "assistant: reply 4",
+            "user: u4",
+            "assistant: reply 5",
+            "user: u5",
+            "assistant: reply 6"
+        ]
+    );
+    let (_, hist) = h.history("t").await;
+    assert_eq!(hist["turn_id"], 6);
+    assert_eq!(hist["contents"][1]["metadata"]["source"], "llm");
+}
+
+#[tokio::test]
+async fn an_absurd_client_turn_id_does_not_break_the_session() {
+    let h = Harness::default().await;
+    let (status, _) = h
+        .chat(Some("o"), json!({"model": "m", "messages": [{"role": "user", "content": "a", "turn_id": u64::MAX}]}))
+        .await;
+    assert_eq!(status, 200);
+    h.say("o", "b").await;
+    assert_eq!(h.transcript("o").await.len(), 4);
+}

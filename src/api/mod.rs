@@ -8,31 +8,76 @@ mod sessions;
 use std::sync::Arc;
 
 use axum::body::Body;
+use axum::extract::{Request, State};
 use axum::http::{Method, Uri};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use subtle::ConstantTimeEq;
 
 use crate::app::App;
 use crate::error::{ApiError, RequestError};
 
-pub fn routes() -> Router<Arc<App>> {
+pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .nest("/v1", v1())
-        .nest("/sessions/{session_id}/v1", v1())
+        .nest("/v1", v1(app))
+        .nest("/sessions/{session_id}/v1", v1(app))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
 }
 
-fn v1() -> Router<Arc<App>> {
+fn v1(app: &Arc<App>) -> Router<Arc<App>> {
+    let session_api = Router::new()
+        .route("/sessions", get(sessions::list))
+        .route("/sessions/{id}", get(sessions::get).delete(sessions::end))
+        .route("/sessions/{id}/end", post(sessions::end))
+        .route(
+            "/sessions/{id}/history",
+            get(sessions::history)
+                .put(sessions::replace_history)
+                .delete(sessions::clear_history),
+        )
+        .route("/sessions/{id}/messages", post(sessions::append))
+        .route(
+            "/sessions/{id}/system_messages",
+            get(sessions::system_messages).put(sessions::set_system_messages),
+        )
+        .route("/sessions/{id}/interrupt", post(sessions::interrupt))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(app),
+            require_admin,
+        ));
     Router::new()
         .route("/chat/completions", post(chat::completions))
         .route("/models", get(models::list))
         .route("/models/{*model}", get(models::retrieve))
-        .route("/sessions/{id}/history", get(sessions::history))
-        .route("/sessions/{id}/interrupt", post(sessions::interrupt))
+        .merge(session_api)
+}
+
+/// The session API is an operator's: when `[admin] token_env` names a set
+/// variable, it takes `Authorization: Bearer <token>`, compared in
+/// constant time.
+async fn require_admin(
+    State(app): State<Arc<App>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if let Some(token) = &app.admin_token {
+        let given = request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+            return Err(RequestError::Unauthorized.into());
+        }
+    }
+    Ok(next.run(request).await)
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {

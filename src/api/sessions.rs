@@ -1,10 +1,12 @@
-//! Reading a session's memory, and telling recall what the user heard.
+//! The session API: an operator's (or the agent backend's) view of memory.
+//! List, read, seed, append to, clear and end sessions; set their system
+//! messages at runtime; tell recall what the user actually heard.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -12,30 +14,267 @@ use serde_json::{json, Value};
 use crate::app::App;
 use crate::error::{ApiError, RequestError};
 use crate::interruption::Spoken;
+use crate::lifecycle;
+use crate::message::{parse_messages, Message};
 use crate::relay::now_ms;
-use crate::session::{Interrupted, Session};
+use crate::session::{Interrupted, Refused, Session};
+use crate::webhook::{EndReason, Event};
 
-fn session(app: &App, params: &HashMap<String, String>) -> Result<Arc<Session>, ApiError> {
-    let id = params.get("id").map(String::as_str).unwrap_or_default();
+type Params = Path<HashMap<String, String>>;
+
+fn id(params: &HashMap<String, String>) -> &str {
+    params.get("id").map(String::as_str).unwrap_or_default()
+}
+
+fn existing(app: &App, params: &HashMap<String, String>) -> Result<Arc<Session>, ApiError> {
+    let id = id(params);
     Ok(app
         .sessions
         .get(id)
         .ok_or_else(|| RequestError::SessionNotFound { id: id.to_owned() })?)
 }
 
-/// `GET /v1/sessions/{id}/history`: the stored messages, oldest first, with
-/// all their fields (seed 000's short-term memory shape).
+/// For writes that may start a session (seeding memory before the first
+/// turn); the id is checked like a chat request's.
+fn existing_or_new(app: &App, params: &HashMap<String, String>) -> Result<Arc<Session>, ApiError> {
+    let id = id(params);
+    crate::session::validate_id(id).map_err(|m| RequestError::invalid(m, Some("session_id")))?;
+    let (session, created) = app.sessions.get_or_create(id, now_ms());
+    if created && app.sessions.len() > app.config.session.max_sessions {
+        app.sweep_now.notify_one();
+    }
+    Ok(session)
+}
+
+fn refused(session: &Session, r: Refused) -> ApiError {
+    match r {
+        Refused::Busy => RequestError::Busy {
+            id: session.id.clone(),
+        }
+        .into(),
+        Refused::Ended => RequestError::SessionNotFound {
+            id: session.id.clone(),
+        }
+        .into(),
+    }
+}
+
+async fn json_body(body: Body, limit: usize) -> Result<Value, ApiError> {
+    let bytes = super::read_body(body, limit).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        RequestError::invalid(format!("the request body is not valid JSON: {e}"), None).into()
+    })
+}
+
+/// Takes the message list under one of `keys` from a JSON object body.
+fn message_list(body: Value, keys: &[&str]) -> Result<Vec<Message>, ApiError> {
+    let Value::Object(mut obj) = body else {
+        return Err(RequestError::invalid(
+            format!("the body must be an object with `{}`", keys[0]),
+            None,
+        )
+        .into());
+    };
+    let Some(list) = keys.iter().find_map(|k| obj.remove(*k)) else {
+        return Err(RequestError::invalid(format!("missing `{}`", keys[0]), Some(keys[0])).into());
+    };
+    let Value::Array(list) = list else {
+        return Err(RequestError::invalid(
+            format!("`{}` must be an array", keys[0]),
+            Some(keys[0]),
+        )
+        .into());
+    };
+    Ok(parse_messages(list)?)
+}
+
+/// History holds the conversation; instructions go to `system_messages`.
+fn no_instructions(messages: &[Message]) -> Result<(), ApiError> {
+    match messages.iter().position(Message::is_instruction) {
+        Some(i) => Err(RequestError::invalid(
+            format!("messages[{i}] is a {} message: set those with PUT /v1/sessions/{{id}}/system_messages", messages[i].role),
+            Some(&format!("messages[{i}].role")),
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    limit: Option<usize>,
+    after: Option<String>,
+    user: Option<String>,
+}
+
+/// `GET /v1/sessions?limit=&after=&user=`: sessions in id order, paginated
+/// like OpenAI's lists.
+pub async fn list(State(app): State<Arc<App>>, Query(q): Query<ListQuery>) -> Json<Value> {
+    let limit = q.limit.unwrap_or(20).clamp(1, 1000);
+    let mut sessions: Vec<_> = app
+        .sessions
+        .all()
+        .into_iter()
+        .filter(|s| q.after.as_deref().is_none_or(|after| s.id.as_str() > after))
+        .filter(|s| q.user.as_deref().is_none_or(|u| s.has_user(u)))
+        .collect();
+    sessions.sort_by(|a, b| a.id.cmp(&b.id));
+    let has_more = sessions.len() > limit;
+    let data: Vec<_> = sessions.iter().take(limit).map(|s| s.summary()).collect();
+    Json(json!({
+        "object": "list",
+        "data": data,
+        "first_id": data.first().map(|s| s.id.clone()),
+        "last_id": data.last().map(|s| s.id.clone()),
+        "has_more": has_more,
+    }))
+}
+
+/// `GET /v1/sessions/{id}`: one session's summary.
+pub async fn get(
+    State(app): State<Arc<App>>,
+    Path(params): Params,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!(existing(&app, &params)?.summary())))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HistoryQuery {
+    format: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/sessions/{id}/history[?format=openai][&limit=N]`: the stored
+/// messages, oldest first, with all their fields (seed 000's shape), or
+/// only OpenAI's fields, ready to pass to a model.
 pub async fn history(
     State(app): State<Arc<App>>,
-    Path(params): Path<HashMap<String, String>>,
+    Path(params): Params,
+    Query(q): Query<HistoryQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let session = session(&app, &params)?;
+    let openai = match q.format.as_deref() {
+        None | Some("full") => false,
+        Some("openai") => true,
+        Some(_) => {
+            return Err(
+                RequestError::invalid("format must be `full` or `openai`", Some("format")).into(),
+            )
+        }
+    };
+    let session = existing(&app, &params)?;
     let history = session.snapshot();
+    let skip = q
+        .limit
+        .map_or(0, |n| history.messages.len().saturating_sub(n));
+    let newest = &history.messages[skip..];
+    let contents: Vec<Value> = if openai {
+        newest.iter().map(Message::to_openai).collect()
+    } else {
+        newest.iter().map(|m| json!(m)).collect()
+    };
     Ok(Json(json!({
         "session_id": session.id,
         "turn_id": history.turn_id,
-        "contents": history.messages,
+        "contents": contents,
     })))
+}
+
+/// `PUT /v1/sessions/{id}/history` with `{"contents": [...]}` (or
+/// `"messages"`): replaces the history; a session's initial memory.
+pub async fn replace_history(
+    State(app): State<Arc<App>>,
+    Path(params): Params,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let body = json_body(body, app.config.server.max_body_bytes).await?;
+    let messages = message_list(body, &["contents", "messages"])?;
+    no_instructions(&messages)?;
+    let session = existing_or_new(&app, &params)?;
+    let count = session
+        .replace_history(&app.policy, messages, now_ms())
+        .map_err(|r| refused(&session, r))?;
+    Ok(Json(
+        json!({"session_id": session.id, "message_count": count}),
+    ))
+}
+
+/// `POST /v1/sessions/{id}/messages` with `{"messages": [...]}`: appends
+/// without calling the model (a greeting, a command, a silence reminder).
+pub async fn append(
+    State(app): State<Arc<App>>,
+    Path(params): Params,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let body = json_body(body, app.config.server.max_body_bytes).await?;
+    let messages = message_list(body, &["messages"])?;
+    no_instructions(&messages)?;
+    let session = existing_or_new(&app, &params)?;
+    let stored = session
+        .append_messages(&app.policy, messages, now_ms())
+        .map_err(|r| refused(&session, r))?;
+    Ok(Json(json!({"session_id": session.id, "messages": stored})))
+}
+
+/// `DELETE /v1/sessions/{id}/history`: clears the history (seed 003's
+/// reset); the session and its system messages stay.
+pub async fn clear_history(
+    State(app): State<Arc<App>>,
+    Path(params): Params,
+) -> Result<Json<Value>, ApiError> {
+    let session = existing(&app, &params)?;
+    let cleared = session
+        .clear_history(now_ms())
+        .map_err(|r| refused(&session, r))?;
+    Ok(Json(json!({"session_id": session.id, "deleted": cleared})))
+}
+
+/// `GET /v1/sessions/{id}/system_messages`.
+pub async fn system_messages(
+    State(app): State<Arc<App>>,
+    Path(params): Params,
+) -> Result<Json<Value>, ApiError> {
+    let session = existing(&app, &params)?;
+    Ok(Json(json!({"system_messages": session.system_messages()})))
+}
+
+/// `PUT /v1/sessions/{id}/system_messages` with `{"system_messages": [...]}`:
+/// instructions sent after the configured ones, from the next call on.
+pub async fn set_system_messages(
+    State(app): State<Arc<App>>,
+    Path(params): Params,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let body = json_body(body, app.config.server.max_body_bytes).await?;
+    let messages = message_list(body, &["system_messages"])?;
+    if let Some(i) = messages.iter().position(|m| !m.is_instruction()) {
+        return Err(RequestError::invalid(
+            "system_messages may only hold system or developer messages",
+            Some(&format!("system_messages[{i}].role")),
+        )
+        .into());
+    }
+    let session = existing_or_new(&app, &params)?;
+    session.set_system_messages(messages, now_ms());
+    Ok(Json(json!({"system_messages": session.system_messages()})))
+}
+
+/// `POST /v1/sessions/{id}/end` and `DELETE /v1/sessions/{id}`: ends the
+/// session and hands its memory to the webhook; answers with that record.
+pub async fn end(
+    State(app): State<Arc<App>>,
+    Path(params): Params,
+) -> Result<Json<Value>, ApiError> {
+    let session = existing(&app, &params)?;
+    match lifecycle::end(&app, &session, EndReason::Ended) {
+        Some(event @ Event::SessionEnded { .. }) => Ok(Json(json!(event))),
+        _ => Err(RequestError::SessionNotFound {
+            id: session.id.clone(),
+        }
+        .into()),
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -51,21 +290,20 @@ struct InterruptBody {
 /// interrupted; with no reply in flight, the newest stored reply is marked.
 pub async fn interrupt(
     State(app): State<Arc<App>>,
-    Path(params): Path<HashMap<String, String>>,
+    Path(params): Params,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let bytes = super::read_body(body, app.config.server.max_body_bytes).await?;
-    let parsed: InterruptBody = if bytes.iter().all(u8::is_ascii_whitespace) {
-        InterruptBody::default()
-    } else {
-        serde_json::from_slice(&bytes).map_err(|e| {
+    let body = json_body(body, app.config.server.max_body_bytes).await?;
+    let parsed: InterruptBody = match body {
+        Value::Null => InterruptBody::default(),
+        other => serde_json::from_value(other).map_err(|e| {
             RequestError::invalid(
                 format!(
                     "the body must be {{\"spoken\": text}} or {{\"spoken_chars\": number}}: {e}"
                 ),
                 None,
             )
-        })?
+        })?,
     };
     let spoken = match parsed {
         InterruptBody {
@@ -87,7 +325,7 @@ pub async fn interrupt(
         } => Some(Spoken::Chars(n)),
         _ => None,
     };
-    let session = session(&app, &params)?;
+    let session = existing(&app, &params)?;
     let (was, record) = match session.interrupt(spoken.as_ref(), now_ms()) {
         Interrupted::InFlight(m) => ("in_flight", m),
         Interrupted::Stored(m) => ("stored", m),

@@ -197,7 +197,7 @@ impl Session {
         incoming: &[Message],
         now_ms: i64,
     ) -> Prepared {
-        let found = reconcile::reconcile(&st.messages, incoming);
+        let found = reconcile::reconcile(&st.messages, incoming, st.first_seq > 0);
         for (i, heard) in found.shortened {
             if let Some(m) = st.messages.get_mut(i) {
                 interruption::mark_stored(m, Some(&Spoken::Text(heard)), now_ms);
@@ -304,7 +304,13 @@ impl Session {
             }
         }
         let mut st = self.state();
-        let Some(m) = st.messages.iter_mut().rev().find(|m| m.role == "assistant") else {
+        // Only the reply that ends the history: an older one was answered
+        // by later turns, and a failure record was never said by the model.
+        let Some(m) = st
+            .messages
+            .last_mut()
+            .filter(|m| m.role == "assistant" && !interruption::is_failure(m))
+        else {
             return Interrupted::NothingToInterrupt;
         };
         interruption::mark_stored(m, spoken, now_ms);
