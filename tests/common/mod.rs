@@ -381,3 +381,116 @@ pub fn assistant(text: &str) -> Value {
 pub fn system(text: &str) -> Value {
     json!({"role": "system", "content": text})
 }
+
+/// A webhook receiver that records what it is sent; it answers 500 to the
+/// first `fail_first` deliveries.
+#[derive(Clone)]
+pub struct WebhookReceiver {
+    pub url: String,
+    state: Arc<ReceiverState>,
+}
+
+#[derive(Default)]
+struct ReceiverState {
+    fail_first: AtomicUsize,
+    attempts: AtomicUsize,
+    received: Mutex<Vec<(HeaderMap, Vec<u8>)>>,
+}
+
+impl WebhookReceiver {
+    pub async fn start(fail_first: usize) -> Self {
+        let state = Arc::new(ReceiverState::default());
+        state.fail_first.store(fail_first, Ordering::SeqCst);
+        let router = axum::Router::new()
+            .fallback(
+                |State(state): State<Arc<ReceiverState>>,
+                 headers: HeaderMap,
+                 body: axum::body::Bytes| async move {
+                    state.attempts.fetch_add(1, Ordering::SeqCst);
+                    let failing = state
+                        .fail_first
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                    if failing {
+                        return StatusCode::INTERNAL_SERVER_ERROR;
+                    }
+                    state
+                        .received
+                        .lock()
+                        .unwrap()
+                        .push((headers, body.to_vec()));
+                    StatusCode::OK
+                },
+            )
+            .with_state(Arc::clone(&state));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        Self { url, state }
+    }
+
+    pub fn attempts(&self) -> usize {
+        self.state.attempts.load(Ordering::SeqCst)
+    }
+
+    /// Delivered events, parsed, with their signature header.
+    pub fn events(&self) -> Vec<(Option<String>, Vec<u8>, Value)> {
+        self.state
+            .received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(h, body)| {
+                let sig = h
+                    .get("x-recall-signature")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                (sig, body.clone(), serde_json::from_slice(body).unwrap())
+            })
+            .collect()
+    }
+
+    /// Waits until an event satisfying `pred` has been delivered.
+    pub async fn wait_for(
+        &self,
+        within: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> (Option<String>, Vec<u8>, Value) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(e) = self.events().into_iter().find(|(_, _, v)| pred(v)) {
+                return e;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no matching webhook event; got {:?}",
+                self.events()
+                    .iter()
+                    .map(|e| e.2.clone())
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Harness {
+    /// A request to the session API, with an optional bearer token.
+    pub async fn api(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self.client.request(method, format!("{}{path}", self.url));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+}

@@ -1,0 +1,231 @@
+//! How sessions end (API, expiry, eviction) and what the webhook receives.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::Method;
+use serde_json::json;
+
+fn webhook_config(url: &str, secret_var: &str, extra: &str) -> String {
+    format!("[webhook]\nurl = \"{url}\"\nsecret_env = \"{secret_var}\"\nretry_backoff_ms = 50\n{extra}\n")
+}
+
+fn expected_signature(secret: &str, body: &[u8]) -> String {
+    recall::webhook::sign(secret.as_bytes(), body)
+}
+
+#[tokio::test]
+async fn ending_a_session_delivers_its_memory_signed() {
+    std::env::set_var("RECALL_TEST_HOOK_SECRET_1", "hook-secret");
+    let hook = WebhookReceiver::start(0).await;
+    let h = Harness::start(
+        &webhook_config(&hook.url, "RECALL_TEST_HOOK_SECRET_1", ""),
+        "",
+    )
+    .await;
+    h.api(
+        Method::PUT,
+        "/v1/sessions/e1/system_messages",
+        Some(json!({"system_messages": [system("remember cats")]})),
+    )
+    .await;
+    h.say("e1", "hello").await;
+    let (status, record) = h.api(Method::POST, "/v1/sessions/e1/end", None).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["reason"], "ended");
+
+    let (sig, body, event) = hook
+        .wait_for(Duration::from_secs(3), |e| e["session_id"] == "e1")
+        .await;
+    assert_eq!(event["event"], "session_ended");
+    assert_eq!(event["reason"], "ended");
+    assert_eq!(event["system_messages"][0]["content"], "remember cats");
+    assert_eq!(event["contents"].as_array().unwrap().len(), 2);
+    assert_eq!(event["contents"][1]["content"], "reply 1");
+    assert_eq!(
+        sig.as_deref(),
+        Some(expected_signature("hook-secret", &body).as_str())
+    );
+
+    // The session is gone; the same id later starts afresh.
+    assert_eq!(h.history("e1").await.0, 404);
+    h.say("e1", "new start").await;
+    assert_eq!(
+        h.transcript("e1").await,
+        ["user: new start", "assistant: reply 2"]
+    );
+    // DELETE ends it too.
+    let (status, _) = h.api(Method::DELETE, "/v1/sessions/e1", None).await;
+    assert_eq!(status, 200);
+    hook.wait_for(Duration::from_secs(3), |e| {
+        e["contents"][0]["content"] == "new start"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn idle_sessions_expire_and_are_delivered() {
+    let hook = WebhookReceiver::start(0).await;
+    let config = format!(
+        "[session]\nttl_secs = 1\n{}",
+        webhook_config(&hook.url, "RECALL_TEST_UNSET", "")
+    );
+    let h = Harness::start(&config, "").await;
+    h.say("idle", "hi").await;
+    let said_at = Instant::now();
+    let (_, _, event) = hook
+        .wait_for(Duration::from_secs(5), |e| e["session_id"] == "idle")
+        .await;
+    assert_eq!(event["reason"], "expired");
+    assert!(said_at.elapsed() >= Duration::from_secs(1));
+    assert_eq!(h.history("idle").await.0, 404);
+    // Unsigned when no secret is set.
+    assert!(hook.events()[0].0.is_none());
+}
+
+#[tokio::test]
+async fn past_max_sessions_the_least_recently_active_is_evicted() {
+    let hook = WebhookReceiver::start(0).await;
+    let config = format!(
+        "[session]\nmax_sessions = 2\n{}",
+        webhook_config(&hook.url, "RECALL_TEST_UNSET", "")
+    );
+    let h = Harness::start(&config, "").await;
+    h.say("old", "1").await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    h.say("mid", "2").await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    h.say("old", "3").await; // "old" is now more recent than "mid"
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    h.say("new", "4").await;
+    let (_, _, event) = hook
+        .wait_for(Duration::from_secs(3), |e| e["reason"] == "evicted")
+        .await;
+    assert_eq!(event["session_id"], "mid");
+    assert_eq!(h.history("mid").await.0, 404);
+    assert_eq!(h.history("old").await.0, 200);
+    assert_eq!(h.app.sessions.len(), 2);
+}
+
+#[tokio::test]
+async fn the_webhook_is_retried_until_it_accepts() {
+    let hook = WebhookReceiver::start(2).await;
+    let h = Harness::start(&webhook_config(&hook.url, "RECALL_TEST_UNSET", ""), "").await;
+    h.say("retry", "hi").await;
+    let started = Instant::now();
+    let (status, _) = h.api(Method::POST, "/v1/sessions/retry/end", None).await;
+    assert_eq!(status, 200);
+    // Ending did not wait for the webhook.
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        started.elapsed()
+    );
+    hook.wait_for(Duration::from_secs(5), |e| e["session_id"] == "retry")
+        .await;
+    assert_eq!(hook.attempts(), 3);
+    assert_eq!(hook.events().len(), 1);
+}
+
+#[tokio::test]
+async fn trims_are_counted_and_delivered_when_asked_for() {
+    let hook = WebhookReceiver::start(0).await;
+    let config = format!(
+        "[history]\nwindow_messages = 2\nmax_messages = 3\nwindow_chars = 0\n{}",
+        webhook_config(
+            &hook.url,
+            "RECALL_TEST_UNSET",
+            "events = [\"history_trimmed\"]"
+        )
+    );
+    let h = Harness::start(&config, "").await;
+    h.say("t", "one").await;
+    h.say("t", "two").await;
+    let (_, _, window) = hook
+        .wait_for(Duration::from_secs(3), |e| {
+            e["event"] == "history_trimmed" && e["scope"] == "window"
+        })
+        .await;
+    assert_eq!(window["session_id"], "t");
+    assert_eq!(window["reason"], "max_messages");
+    assert_eq!(window["removed_count"], 1);
+    let (_, _, kept) = hook
+        .wait_for(Duration::from_secs(3), |e| {
+            e["event"] == "history_trimmed" && e["scope"] == "history"
+        })
+        .await;
+    assert_eq!(kept["reason"], "max_messages");
+    use recall::window::{TrimReason, TrimScope};
+    assert!(
+        h.app
+            .counters
+            .trimmed(TrimScope::Window, TrimReason::MaxMessages)
+            >= 1
+    );
+    assert!(
+        h.app
+            .counters
+            .trimmed(TrimScope::History, TrimReason::MaxMessages)
+            >= 1
+    );
+    // session_ended was not asked for.
+    h.api(Method::POST, "/v1/sessions/t/end", None).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(hook
+        .events()
+        .iter()
+        .all(|e| e.2["event"] == "history_trimmed"));
+
+    // By characters.
+    let hook = WebhookReceiver::start(0).await;
+    let config = format!(
+        "[history]\nwindow_chars = 12\n{}",
+        webhook_config(
+            &hook.url,
+            "RECALL_TEST_UNSET",
+            "events = [\"history_trimmed\"]"
+        )
+    );
+    let h = Harness::start(&config, "").await;
+    h.say("c", "0123456789").await;
+    h.say("c", "abc").await;
+    let (_, _, chars) = hook
+        .wait_for(Duration::from_secs(3), |e| e["reason"] == "max_chars")
+        .await;
+    assert_eq!(chars["scope"], "window");
+}
+
+#[tokio::test]
+async fn ending_a_session_mid_reply_records_the_reply_first() {
+    let hook = WebhookReceiver::start(0).await;
+    let h = Harness::start(&webhook_config(&hook.url, "RECALL_TEST_UNSET", ""), "").await;
+    h.upstream.push(sse_text(
+        &["Once ", "upon ", "a time"],
+        Duration::from_millis(200),
+    ));
+    let resp = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", "mid")
+        .json(&json!({"model": "m", "stream": true, "messages": [user("story")]}))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    use futures_util::StreamExt;
+    let mut seen = String::new();
+    while !seen.contains("Once") {
+        seen.push_str(&String::from_utf8_lossy(
+            &stream.next().await.unwrap().unwrap(),
+        ));
+    }
+    let (status, record) = h.api(Method::POST, "/v1/sessions/mid/end", None).await;
+    assert_eq!(status, 200);
+    let reply = &record["contents"][1];
+    assert_eq!(reply["content"], "Once ");
+    assert_eq!(reply["metadata"]["interrupted"], true);
+    hook.wait_for(Duration::from_secs(3), |e| e["session_id"] == "mid")
+        .await;
+}
