@@ -3,11 +3,13 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue, Request};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceBuilder;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
@@ -19,6 +21,7 @@ use crate::config::Config;
 use crate::message::Message;
 use crate::metrics::Counters;
 use crate::session::{Policy, Store};
+use crate::storage::Storage;
 use crate::upstream::{BuildError, Upstreams};
 use crate::webhook::{LogOnly, Notifier, Webhook};
 
@@ -41,7 +44,10 @@ pub struct App {
 impl App {
     /// Builds the application; starts the webhook's delivery task, so it
     /// must be called inside a tokio runtime.
-    pub fn new(config: Config) -> Result<Arc<Self>, BuildError> {
+    pub async fn new(config: Config) -> Result<Arc<Self>, BuildError> {
+        let storage = Storage::open(&config.storage)
+            .await
+            .map_err(|e| BuildError::new("storage", e))?;
         let upstreams = Upstreams::from_config(&config.upstreams)?;
         let instructions = config
             .system_messages
@@ -64,6 +70,7 @@ impl App {
             on_new_request: config.interruption.on_new_request,
             counters: Arc::clone(&counters),
             notifier: Arc::clone(&notifier),
+            storage,
         });
         let admin_token = config
             .admin
@@ -86,6 +93,16 @@ impl App {
             sweep_now: Arc::new(Notify::new()),
             instructions,
         }))
+    }
+}
+
+impl App {
+    /// A new session was created: past `max_sessions`, wake the sweeper
+    /// rather than wait for its next round.
+    pub fn session_created(&self) {
+        if self.sessions.len() > self.config.session.max_sessions {
+            self.sweep_now.notify_one();
+        }
     }
 }
 
@@ -124,7 +141,10 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// Serves until `shutdown` resolves, then lets requests in flight finish.
+/// Serves until `shutdown` resolves. Then: stop accepting, let replies in
+/// flight finish for up to `shutdown_grace_secs`, record the rest as
+/// interrupted, hand memory that would be lost to the webhook, flush
+/// storage and the webhook queue.
 pub async fn serve(
     listener: TcpListener,
     app: Arc<App>,
@@ -134,9 +154,60 @@ pub async fn serve(
         Arc::clone(&app),
         Arc::clone(&app.sweep_now),
     ));
-    let served = axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
+    let stopping = CancellationToken::new();
+    let graceful = {
+        let stopping = stopping.clone();
+        async move {
+            shutdown.await;
+            stopping.cancel();
+        }
+    };
+    let enforcer = {
+        let app = Arc::clone(&app);
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            stopping.cancelled().await;
+            let grace = Duration::from_secs(app.config.server.shutdown_grace_secs);
+            tracing::info!(?grace, "shutting down: finishing replies in flight");
+            tokio::time::sleep(grace).await;
+            let cut = app.interrupt_all();
+            tracing::warn!(
+                replies = cut,
+                "shutdown grace over: replies in flight recorded as interrupted"
+            );
+        })
+    };
+    let served = axum::serve(listener, router(Arc::clone(&app)))
+        .with_graceful_shutdown(graceful)
         .await;
+    enforcer.abort();
     sweeper.abort();
+    app.wind_down().await;
     served
 }
+
+impl App {
+    /// Cuts off every reply in flight, recording each as interrupted.
+    pub fn interrupt_all(&self) -> usize {
+        self.sessions
+            .all()
+            .iter()
+            .filter_map(|s| s.in_flight())
+            .filter(|f| f.interrupt(None).is_some())
+            .count()
+    }
+
+    /// The last steps of a shutdown: end sessions that would be lost, then
+    /// make storage durable and give the webhook a last chance.
+    pub async fn wind_down(&self) {
+        crate::lifecycle::end_all(self).await;
+        if let Err(e) = self.policy.storage.flush().await {
+            tracing::error!(error = %e, "storage flush at shutdown failed");
+        }
+        self.notifier.drain(WEBHOOK_DRAIN).await;
+        tracing::info!("shut down cleanly");
+    }
+}
+
+/// How long a shutdown waits for webhook deliveries still under way.
+const WEBHOOK_DRAIN: Duration = Duration::from_secs(10);

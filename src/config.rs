@@ -35,6 +35,8 @@ pub struct Config {
     #[serde(default)]
     pub interruption: InterruptionConfig,
     #[serde(default)]
+    pub storage: StorageConfig,
+    #[serde(default)]
     pub webhook: WebhookConfig,
     #[serde(default)]
     pub cache: CacheConfig,
@@ -53,6 +55,9 @@ pub struct Config {
 pub struct ServerConfig {
     pub listen: String,
     pub max_body_bytes: usize,
+    /// On SIGTERM, how long replies in flight may take to finish before
+    /// they are recorded as interrupted.
+    pub shutdown_grace_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -60,8 +65,55 @@ impl Default for ServerConfig {
         Self {
             listen: "127.0.0.1:8080".into(),
             max_body_bytes: 4 * 1024 * 1024,
+            shutdown_grace_secs: 30,
         }
     }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    pub backend: StorageBackend,
+    /// SQLite: the database file.
+    pub path: String,
+    /// SQLite: `normal` survives a crash of the process, `full` also a
+    /// power loss (an fsync per group commit).
+    pub sync: SyncMode,
+    /// Redis: e.g. `redis://127.0.0.1:6379`.
+    pub url: Option<String>,
+    /// Redis: prefix of every key and channel.
+    pub key_prefix: String,
+    /// Redis: how long a replica's claim on a session lasts unless renewed
+    /// (a dead replica blocks a session at most this long).
+    pub lease_ms: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            backend: StorageBackend::Memory,
+            path: "data/recall.db".into(),
+            sync: SyncMode::Normal,
+            url: None,
+            key_prefix: "recall".into(),
+            lease_ms: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageBackend {
+    Memory,
+    Sqlite,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    Normal,
+    Full,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -377,6 +429,23 @@ impl Config {
             if axum::http::HeaderName::try_from(name.as_str()).is_err() {
                 return Err(invalid(key, "is not a valid HTTP header name"));
             }
+        }
+        if self.storage.backend == StorageBackend::Redis {
+            match &self.storage.url {
+                Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {}
+                _ => {
+                    return Err(invalid(
+                        "storage.url",
+                        "must be a redis:// URL when storage.backend = \"redis\"",
+                    ))
+                }
+            }
+            if self.storage.lease_ms < 100 {
+                return Err(invalid("storage.lease_ms", "must be at least 100"));
+            }
+        }
+        if self.storage.backend == StorageBackend::Sqlite && self.storage.path.trim().is_empty() {
+            return Err(invalid("storage.path", "must name the database file"));
         }
         if self.session.max_sessions == 0 {
             return Err(invalid("session.max_sessions", "must be at least 1"));

@@ -67,6 +67,8 @@ pub enum ApiError {
     /// A bug in recall, not anybody's input; details are in the log.
     #[error("internal error in recall")]
     Internal,
+    #[error("memory storage is unavailable: {0}")]
+    Storage(#[from] crate::storage::StorageError),
 }
 
 impl ApiError {
@@ -154,6 +156,12 @@ impl ApiError {
                 None,
                 None,
             ),
+            ApiError::Storage(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                None,
+                Some("storage_unavailable"),
+            ),
             ApiError::Upstream(e) => match e {
                 UpstreamError::Unreachable { .. } => (
                     StatusCode::BAD_GATEWAY,
@@ -185,7 +193,7 @@ impl IntoResponse for ApiError {
         // The OpenAI SDKs obey `x-should-retry`. Gateway errors are worth a
         // retry; a 409 about turn order is not (they retry 409 by default).
         let retry = match self {
-            ApiError::Upstream(_) => Some("true"),
+            ApiError::Upstream(_) | ApiError::Storage(_) => Some("true"),
             ApiError::Request(RequestError::Interrupted | RequestError::Busy { .. }) => {
                 Some("false")
             }

@@ -18,6 +18,7 @@ use crate::accumulate::{Event, ReplyAccumulator};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::session::{Policy, Session};
+use crate::storage::Ticket;
 use crate::turns;
 
 /// Writes a reply's record into its session.
@@ -126,13 +127,16 @@ impl InFlight {
         }
     }
 
-    /// The response body ended after its last chunk went out.
-    pub fn delivered(&self) {
+    /// The response body is about to release the reply's end (`[DONE]`,
+    /// or the end of the stream): the reply is complete. The ticket says
+    /// when its record is durable; the end waits for it.
+    pub fn delivered(&self) -> Ticket {
         let mut p = self.progress();
-        if p.outcome == Outcome::Open {
-            let reply = p.relayed.to_message();
-            self.record(&mut p, Some(reply), Outcome::Complete);
+        if p.outcome != Outcome::Open {
+            return Ticket::ready();
         }
+        let reply = p.relayed.to_message();
+        self.record(&mut p, Some(reply), Outcome::Complete).1
     }
 
     /// The client went away (its body or its request was dropped).
@@ -144,7 +148,7 @@ impl InFlight {
     /// with `spoken` as its content when given. Returns the record, or
     /// `None` when the reply was already settled. A reply whose last event
     /// already went out is complete, not interrupted.
-    pub fn interrupt(&self, spoken: Option<&Spoken>) -> Option<Message> {
+    pub fn interrupt(&self, spoken: Option<&Spoken>) -> Option<(Message, Ticket)> {
         let mut p = self.progress();
         if p.outcome != Outcome::Open {
             return None;
@@ -162,13 +166,13 @@ impl InFlight {
             crate::relay::now_ms(),
             spoken,
         );
-        let seq = self.record(
+        let (seq, ticket) = self.record(
             &mut p,
             Some(record.clone()),
             Outcome::Interrupted { seq: None },
         );
         p.outcome = Outcome::Interrupted { seq };
-        Some(self.stamped(record, p.started_ms))
+        Some((self.stamped(record, p.started_ms), ticket))
     }
 
     /// For the reject policy: settles the reply as complete if its last
@@ -186,17 +190,16 @@ impl InFlight {
         }
     }
 
-    /// A non-streaming reply arrived whole.
-    pub fn completed_whole(&self, reply: Message) {
+    /// A non-streaming reply arrived whole. The ticket says when its
+    /// record is durable; the body waits for it.
+    pub fn completed_whole(&self, reply: Message) -> Ticket {
         let mut p = self.progress();
         match p.outcome {
-            Outcome::Open => {
-                self.record(&mut p, Some(reply), Outcome::Complete);
-            }
+            Outcome::Open => self.record(&mut p, Some(reply), Outcome::Complete).1,
             Outcome::Interrupted { seq } => {
-                self.update(seq, |m| interruption::set_original(m, &reply, true));
+                self.update(seq, |m| interruption::set_original(m, &reply, true))
             }
-            _ => {}
+            _ => Ticket::ready(),
         }
     }
 
@@ -223,7 +226,8 @@ impl InFlight {
                     None,
                 );
                 interruption::set_error(&mut record, error);
-                let seq = self.record(&mut p, Some(record), Outcome::Interrupted { seq: None });
+                let (seq, _) =
+                    self.record(&mut p, Some(record), Outcome::Interrupted { seq: None });
                 p.outcome = Outcome::Interrupted { seq };
             }
             Outcome::Interrupted { seq } => {
@@ -274,20 +278,28 @@ impl InFlight {
     }
 
     /// Writes the record and frees the session's turn. Returns the
-    /// record's sequence number.
-    fn record(&self, p: &mut Progress, reply: Option<Message>, outcome: Outcome) -> Option<u64> {
+    /// record's sequence number, and when it is durable.
+    fn record(
+        &self,
+        p: &mut Progress,
+        reply: Option<Message>,
+        outcome: Outcome,
+    ) -> (Option<u64>, Ticket) {
         p.outcome = outcome;
         if let (Outcome::Complete, Some(reply), Some(f)) = (outcome, &reply, p.on_complete.take()) {
             f(reply);
         }
-        let recorder = self.recorder.as_ref()?;
+        let Some(recorder) = self.recorder.as_ref() else {
+            return (None, Ticket::ready());
+        };
         let reply = reply.map(|r| self.stamped(r, p.started_ms));
         recorder.session.finish(self, reply, &recorder.policy)
     }
 
-    fn update(&self, seq: Option<u64>, change: impl FnOnce(&mut Message)) {
-        if let (Some(recorder), Some(seq)) = (&self.recorder, seq) {
-            recorder.session.update(seq, change);
+    fn update(&self, seq: Option<u64>, change: impl FnOnce(&mut Message)) -> Ticket {
+        match (&self.recorder, seq) {
+            (Some(recorder), Some(seq)) => recorder.session.update(seq, &recorder.policy, change),
+            _ => Ticket::ready(),
         }
     }
 }

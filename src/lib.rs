@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod relay;
 pub mod session;
+pub mod storage;
 pub mod turns;
 pub mod upstream;
 pub mod vendor;

@@ -1,6 +1,6 @@
 //! How sessions end: through the API, by idling past `ttl_secs`, or by
 //! eviction when there are more than `max_sessions`. Each ended session
-//! goes to the webhook whole.
+//! goes to the webhook whole, once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,16 +9,36 @@ use tokio::sync::Notify;
 
 use crate::app::App;
 use crate::relay::now_ms;
-use crate::session::Session;
+use crate::session::{EndWhen, Session};
+use crate::storage::StorageError;
 use crate::webhook::{EndReason, Event};
 
 /// How often idle sessions are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Sessions ended per storage query.
+const SWEEP_BATCH: usize = 1000;
 
-/// Ends `session`: removes it, and hands its memory to the webhook.
-/// Returns the event, or `None` if it had already ended.
-pub fn end(app: &App, session: &Arc<Session>, reason: EndReason) -> Option<Event> {
-    let ended = session.end()?;
+/// Ends `session` through the API: a reply in flight is recorded first.
+pub async fn end(
+    app: &App,
+    session: &Arc<Session>,
+    reason: EndReason,
+) -> Result<Option<Event>, StorageError> {
+    end_when(app, session, reason, EndWhen::Always).await
+}
+
+/// Ends `session` if `when` still holds (checked under its lock), removes
+/// it, waits until storage has forgotten it, and hands its memory to the
+/// webhook. `None` if it had already ended or `when` no longer holds.
+async fn end_when(
+    app: &App,
+    session: &Arc<Session>,
+    reason: EndReason,
+    when: EndWhen,
+) -> Result<Option<Event>, StorageError> {
+    let Some((ended, ticket)) = session.end(&app.policy, when) else {
+        return Ok(None);
+    };
     app.sessions.remove(session);
     app.counters.session_ended();
     let event = Event::SessionEnded {
@@ -33,7 +53,8 @@ pub fn end(app: &App, session: &Arc<Session>, reason: EndReason) -> Option<Event
     };
     tracing::info!(session = %session.id, ?reason, "session ended");
     app.notifier.notify(event.clone());
-    Some(event)
+    ticket.durable().await?;
+    Ok(Some(event))
 }
 
 /// Ends idle sessions and evicts the least active ones past the limit.
@@ -44,22 +65,75 @@ pub async fn sweeper(app: Arc<App>, wake: Arc<Notify>) {
             _ = tokio::time::sleep(SWEEP_EVERY) => {}
             _ = wake.notified() => {}
         }
-        sweep(&app, now_ms());
+        if let Err(e) = sweep(&app, now_ms()).await {
+            tracing::warn!(error = %e, "session sweep failed; trying again shortly");
+        }
     }
 }
 
-pub fn sweep(app: &App, now: i64) {
+pub async fn sweep(app: &App, now: i64) -> Result<(), StorageError> {
     let ttl_ms = (app.config.session.ttl_secs as i64).saturating_mul(1000);
     if ttl_ms > 0 {
-        for session in app.sessions.idle_since(now.saturating_sub(ttl_ms)) {
-            end(app, &session, EndReason::Expired);
+        let cutoff = now.saturating_sub(ttl_ms);
+        for session in idle(app, cutoff).await? {
+            end_when(
+                app,
+                &session,
+                EndReason::Expired,
+                EndWhen::IdleBefore(cutoff),
+            )
+            .await?;
         }
     }
     let max = app.config.session.max_sessions;
-    let over = app.sessions.len().saturating_sub(max);
-    if over > 0 {
-        for session in app.sessions.least_active(over) {
-            end(app, &session, EndReason::Evicted);
+    let count = if app.policy.storage.persistent() {
+        app.policy.storage.count().await?
+    } else {
+        app.sessions.len()
+    };
+    if count > max {
+        for session in least_active(app, count - max).await? {
+            end_when(app, &session, EndReason::Evicted, EndWhen::NotBusy).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn idle(app: &App, cutoff: i64) -> Result<Vec<Arc<Session>>, StorageError> {
+    if !app.policy.storage.persistent() {
+        return Ok(app.sessions.idle_since(cutoff));
+    }
+    let ids = app.policy.storage.idle(cutoff, SWEEP_BATCH).await?;
+    load_all(app, ids).await
+}
+
+async fn least_active(app: &App, n: usize) -> Result<Vec<Arc<Session>>, StorageError> {
+    if !app.policy.storage.persistent() {
+        return Ok(app.sessions.least_active(n));
+    }
+    let ids = app.policy.storage.least_active(n.min(SWEEP_BATCH)).await?;
+    load_all(app, ids).await
+}
+
+async fn load_all(app: &App, ids: Vec<String>) -> Result<Vec<Arc<Session>>, StorageError> {
+    let mut sessions = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(s) = app.sessions.find(&id, &app.policy.storage).await? {
+            sessions.push(s);
+        }
+    }
+    Ok(sessions)
+}
+
+/// On shutdown with nothing durable behind memory, every session would be
+/// lost: end them all, so that the webhook gets their memory.
+pub async fn end_all(app: &App) {
+    if app.policy.storage.persistent() {
+        return;
+    }
+    for session in app.sessions.all() {
+        if let Err(e) = end(app, &session, EndReason::Ended).await {
+            tracing::warn!(session = %session.id, error = %e, "could not end session at shutdown");
         }
     }
 }

@@ -53,7 +53,6 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down: finishing requests in flight");
 }
 
 #[tokio::main]
@@ -77,7 +76,7 @@ async fn main() -> ExitCode {
     };
     init_logging(&config);
     let addr = config.server.listen.clone();
-    let app = match recall::App::new(config) {
+    let app = match recall::App::new(config).await {
         Ok(app) => app,
         Err(e) => {
             eprintln!("recall: {e}");

@@ -25,6 +25,7 @@ use crate::accumulate::{self, Event};
 use crate::config::InterruptionConfig;
 use crate::error::{ApiError, RequestError, UpstreamError};
 use crate::inflight::InFlight;
+use crate::storage::StorageError;
 use crate::upstream::{relayed_response_headers, Upstream};
 
 /// Chunks buffered between the upstream reader and a slow client.
@@ -143,7 +144,14 @@ async fn whole(
         .flatten()
         .and_then(|body| accumulate::message_from_completion(&body));
     match reply {
-        Some(reply) => ex.flight.completed_whole(reply),
+        Some(reply) => {
+            // The body is released only once its record is durable.
+            if let Err(e) = ex.flight.completed_whole(reply).durable().await {
+                tracing::error!(error = %e, "reply not stored");
+                let _ = respond.send(Err(e.into()));
+                return;
+            }
+        }
         None if status.is_success() => ex.flight.failed("upstream answer had no choice 0 message"),
         None => {
             tracing::info!(upstream = %ex.upstream.name, %status, "upstream answered with an error");
@@ -307,14 +315,20 @@ struct Chunk {
 }
 
 /// The streamed response body. What it hands to the connection counts as
-/// relayed; its end settles the reply as complete, and its drop before the
-/// end (the client went away) settles it as interrupted.
+/// relayed. The reply's end (`[DONE]`, or the end of the stream) settles it
+/// as complete and is held back until its record is durable. Dropped before
+/// the end (the client went away), it settles the reply as interrupted.
 struct RelayBody {
     rx: mpsc::Receiver<Chunk>,
     cut: Pin<Box<WaitForCancellationFutureOwned>>,
     flight: Arc<InFlight>,
+    /// The end, waiting for its record to be durable: the last chunk (or
+    /// `None` for the end of the stream) and the durability future.
+    holding: Option<(Option<Bytes>, Durable)>,
     ended: bool,
 }
+
+type Durable = Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>>;
 
 impl RelayBody {
     fn new(rx: mpsc::Receiver<Chunk>, flight: Arc<InFlight>) -> Self {
@@ -322,6 +336,7 @@ impl RelayBody {
             rx,
             cut: Box::pin(flight.cut_token().clone().cancelled_owned()),
             flight,
+            holding: None,
             ended: false,
         }
     }
@@ -331,24 +346,45 @@ impl futures_util::Stream for RelayBody {
     type Item = Result<Bytes, std::io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.ended {
-            return Poll::Ready(None);
-        }
-        if self.cut.as_mut().poll(cx).is_ready() {
-            self.ended = true;
-            return Poll::Ready(None);
-        }
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(chunk)) => {
-                self.flight.on_relayed(&chunk.events);
-                Poll::Ready(Some(Ok(chunk.bytes)))
+        loop {
+            if self.ended {
+                return Poll::Ready(None);
             }
-            Poll::Ready(None) => {
+            if let Some((_, durable)) = self.holding.as_mut() {
+                let stored = std::task::ready!(durable.as_mut().poll(cx));
+                if let Err(e) = stored {
+                    tracing::error!(error = %e, "reply not stored before its end was sent");
+                }
+                let (last, _) = self
+                    .holding
+                    .take()
+                    .unwrap_or((None, Box::pin(async { Ok(()) })));
+                return match last {
+                    Some(bytes) => Poll::Ready(Some(Ok(bytes))),
+                    None => {
+                        self.ended = true;
+                        Poll::Ready(None)
+                    }
+                };
+            }
+            if self.cut.as_mut().poll(cx).is_ready() {
                 self.ended = true;
-                self.flight.delivered();
-                Poll::Ready(None)
+                return Poll::Ready(None);
             }
-            Poll::Pending => Poll::Pending,
+            match std::task::ready!(self.rx.poll_recv(cx)) {
+                Some(chunk) => {
+                    self.flight.on_relayed(&chunk.events);
+                    if !chunk.events.contains(&Event::Done) {
+                        return Poll::Ready(Some(Ok(chunk.bytes)));
+                    }
+                    let durable = self.flight.delivered().boxed();
+                    self.holding = Some((Some(chunk.bytes), durable));
+                }
+                None => {
+                    let durable = self.flight.delivered().boxed();
+                    self.holding = Some((None, durable));
+                }
+            }
         }
     }
 }

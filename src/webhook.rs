@@ -1,15 +1,19 @@
 //! Events recall tells the agent's backend about, and their delivery.
 //!
-//! Delivery never blocks a request: events go into a queue that a
-//! background task drains, posting each one signed and retrying with
-//! backoff. An event that cannot be delivered is logged whole, with its
-//! session id, rather than dropped in silence.
+//! Delivery never blocks a request: each event is posted by a task of its
+//! own, signed, and retried with backoff. An event that cannot be delivered
+//! (or is still undelivered at shutdown) is logged whole, with its session
+//! id, rather than dropped in silence.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::config::WebhookConfig;
 use crate::message::Message;
@@ -70,6 +74,9 @@ pub trait Notifier: Send + Sync {
     /// skip building them.
     fn wants(&self, event: &str) -> bool;
     fn notify(&self, event: Event);
+    /// At shutdown: waits up to `within` for deliveries under way, then
+    /// logs whole whatever is still undelivered.
+    fn drain(&self, within: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
 /// No webhook configured: events are only logged.
@@ -87,18 +94,23 @@ impl Notifier for LogOnly {
             "no webhook configured"
         );
     }
+
+    fn drain(&self, _: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async {})
+    }
 }
 
-/// Events waiting for delivery; past this the newest are logged and dropped.
-const QUEUE: usize = 10_000;
-/// Deliveries in progress at once.
+/// Deliveries (attempts) in progress at once.
 const CONCURRENT: usize = 8;
 /// Longest wait between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
+/// Posts events to the webhook URL, each in its own task: attempts take a
+/// slot among `CONCURRENT`, waits between attempts do not, so one dead
+/// receiver's retries never hold up other events.
 pub struct Webhook {
     events: Vec<String>,
-    tx: mpsc::Sender<Event>,
+    delivery: Arc<Delivery>,
 }
 
 struct Delivery {
@@ -107,10 +119,14 @@ struct Delivery {
     client: reqwest::Client,
     max_retries: u32,
     backoff: Duration,
+    slots: Semaphore,
+    /// Events not yet delivered nor given up, by number, so that a
+    /// shutdown can log them whole.
+    pending: Mutex<HashMap<u64, Event>>,
+    next: AtomicU64,
 }
 
 impl Webhook {
-    /// Starts the delivery task; must be called inside a tokio runtime.
     pub fn start(config: &WebhookConfig, url: &str) -> Result<Arc<Self>, reqwest::Error> {
         let secret = config
             .secret_env
@@ -128,16 +144,20 @@ impl Webhook {
             secret,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(config.timeout_secs))
+                // A redirect would be followed as a GET without the body:
+                // the event would be lost while looking delivered.
+                .redirect(reqwest::redirect::Policy::none())
                 .user_agent(concat!("recall/", env!("CARGO_PKG_VERSION")))
                 .build()?,
             max_retries: config.max_retries,
             backoff: Duration::from_millis(config.retry_backoff_ms),
+            slots: Semaphore::new(CONCURRENT),
+            pending: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
         });
-        let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(deliver_all(rx, delivery));
         Ok(Arc::new(Self {
             events: config.events.clone(),
-            tx,
+            delivery,
         }))
     }
 }
@@ -151,32 +171,35 @@ impl Notifier for Webhook {
         if !self.wants(event.name()) {
             return;
         }
-        if let Err(e) = self.tx.try_send(event) {
-            let event = match e {
-                mpsc::error::TrySendError::Full(ev) | mpsc::error::TrySendError::Closed(ev) => ev,
-            };
-            let body = serde_json::to_string(&event).unwrap_or_default();
-            tracing::error!(event = event.name(), session = event.session_id(), %body,
-                "webhook queue full: event not delivered");
-        }
-    }
-}
-
-async fn deliver_all(mut rx: mpsc::Receiver<Event>, delivery: Arc<Delivery>) {
-    let slots = Arc::new(Semaphore::new(CONCURRENT));
-    while let Some(event) = rx.recv().await {
-        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        let delivery = Arc::clone(&delivery);
+        let n = self.delivery.next.fetch_add(1, Ordering::Relaxed);
+        self.delivery.pending().insert(n, event.clone());
+        let delivery = Arc::clone(&self.delivery);
         tokio::spawn(async move {
             delivery.deliver(&event).await;
-            drop(permit);
+            delivery.pending().remove(&n);
         });
+    }
+
+    fn drain(&self, within: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + within;
+            while !self.delivery.pending().is_empty() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for event in self.delivery.pending().values() {
+                let body = serde_json::to_string(event).unwrap_or_default();
+                tracing::error!(event = event.name(), session = event.session_id(), %body,
+                    "webhook event undelivered at shutdown; the event is in this log line");
+            }
+        })
     }
 }
 
 impl Delivery {
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Event>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     async fn deliver(&self, event: &Event) {
         let body = match serde_json::to_vec(event) {
             Ok(b) => b,
@@ -192,6 +215,9 @@ impl Delivery {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(MAX_BACKOFF);
             }
+            let Ok(_slot) = self.slots.acquire().await else {
+                break;
+            };
             let mut req = self
                 .client
                 .post(&self.url)

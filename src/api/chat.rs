@@ -20,6 +20,7 @@ use crate::inflight::InFlight;
 use crate::message::{parse_messages, Message};
 use crate::relay::{self, now_ms, Exchange};
 use crate::session::{self, Refused};
+use crate::storage::Ticket;
 use crate::vendor::{self, TurnInfo};
 
 pub async fn completions(
@@ -60,7 +61,16 @@ pub async fn completions(
 
     let (window, turn, flight, session_instructions) = match &session_id {
         Some(id) => {
-            let (prepared, flight) = open_turn(&app, id, &conversation, user.as_deref(), now)?;
+            let (mut prepared, flight) =
+                open_turn(&app, id, &conversation, user.as_deref(), now).await?;
+            // The user's message is durable before anything depends on it.
+            if let Err(e) = std::mem::replace(&mut prepared.durable, Ticket::ready())
+                .durable()
+                .await
+            {
+                flight.failed("memory storage is unavailable");
+                return Err(e.into());
+            }
             let turn = TurnInfo {
                 turn_id: prepared.turn_id,
             };
@@ -97,9 +107,7 @@ pub async fn completions(
     );
     if let Some(key) = cache_key.filter(|_| !bypass_cache(&headers)) {
         if let Some(answer) = app.cache.as_ref().and_then(|c| c.get(&key)) {
-            return Ok(answer_from_cache(
-                &app, &flight, &body, &model, &answer, now,
-            ));
+            return answer_from_cache(&app, &flight, &body, &model, &answer, now).await;
         }
     }
     if let (Some(key), Some(_)) = (cache_key, &app.cache) {
@@ -153,7 +161,7 @@ pub async fn completions(
 /// Begins a turn in session `id`, creating the session if needed. A session
 /// that ended while this request held it is looked up again (and so
 /// started anew).
-fn open_turn(
+async fn open_turn(
     app: &App,
     id: &str,
     conversation: &[Message],
@@ -161,9 +169,9 @@ fn open_turn(
     now: i64,
 ) -> Result<(session::Prepared, Arc<InFlight>), ApiError> {
     loop {
-        let (session, created) = app.sessions.get_or_create(id, now);
-        if created && app.sessions.len() > app.config.session.max_sessions {
-            app.sweep_now.notify_one();
+        let (session, created) = app.sessions.open(id, &app.policy.storage, now).await?;
+        if created {
+            app.session_created();
         }
         match session.begin(&app.policy, conversation, user, now) {
             Ok(begun) => return Ok(begun),
@@ -215,21 +223,21 @@ fn cache_key(
 
 /// Answers from the cache, in the shape the client asked for, and records
 /// the answer like any reply (`metadata.source = "cache"`).
-fn answer_from_cache(
+async fn answer_from_cache(
     app: &App,
     flight: &InFlight,
     body: &Map<String, Value>,
     model: &str,
     answer: &str,
     now: i64,
-) -> Response {
+) -> Result<Response, ApiError> {
     app.counters.cache_hit();
     let mut reply = Message::new("assistant", answer);
     reply
         .metadata_mut()
         .insert("source".into(), Value::String("cache".into()));
     flight.started(now);
-    flight.completed_whole(reply);
+    flight.completed_whole(reply).durable().await?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let mut response = if stream {
         let usage = body
@@ -250,7 +258,7 @@ fn answer_from_cache(
     response
         .headers_mut()
         .insert(CACHE_HEADER, HeaderValue::from_static("hit"));
-    response
+    Ok(response)
 }
 
 /// The user speaking, from the configured user header.

@@ -17,7 +17,8 @@ use crate::interruption::Spoken;
 use crate::lifecycle;
 use crate::message::{parse_messages, Message};
 use crate::relay::now_ms;
-use crate::session::{Interrupted, Refused, Session};
+use crate::session::{Interrupted, Refused, Session, Summary};
+use crate::storage::Ticket;
 use crate::webhook::{EndReason, Event};
 
 type Params = Path<HashMap<String, String>>;
@@ -26,24 +27,53 @@ fn id(params: &HashMap<String, String>) -> &str {
     params.get("id").map(String::as_str).unwrap_or_default()
 }
 
-fn existing(app: &App, params: &HashMap<String, String>) -> Result<Arc<Session>, ApiError> {
+async fn existing(app: &App, params: &HashMap<String, String>) -> Result<Arc<Session>, ApiError> {
     let id = id(params);
-    Ok(app
-        .sessions
-        .get(id)
-        .ok_or_else(|| RequestError::SessionNotFound { id: id.to_owned() })?)
+    app.sessions
+        .find(id, &app.policy.storage)
+        .await?
+        .ok_or_else(|| RequestError::SessionNotFound { id: id.to_owned() }.into())
 }
 
 /// For writes that may start a session (seeding memory before the first
 /// turn); the id is checked like a chat request's.
-fn existing_or_new(app: &App, params: &HashMap<String, String>) -> Result<Arc<Session>, ApiError> {
+async fn existing_or_new(
+    app: &App,
+    params: &HashMap<String, String>,
+) -> Result<Arc<Session>, ApiError> {
     let id = id(params);
     crate::session::validate_id(id).map_err(|m| RequestError::invalid(m, Some("session_id")))?;
-    let (session, created) = app.sessions.get_or_create(id, now_ms());
-    if created && app.sessions.len() > app.config.session.max_sessions {
-        app.sweep_now.notify_one();
+    let (session, created) = app.sessions.open(id, &app.policy.storage, now_ms()).await?;
+    if created {
+        app.session_created();
     }
     Ok(session)
+}
+
+/// Applies a write to the session (made first when `create`), waits until
+/// it is durable, and answers with the session and the write's result. A
+/// session that ended under the write is looked up again.
+async fn write<T>(
+    app: &App,
+    params: &HashMap<String, String>,
+    create: bool,
+    op: impl Fn(&Arc<Session>) -> Result<(T, Ticket), Refused>,
+) -> Result<(Arc<Session>, T), ApiError> {
+    loop {
+        let session = if create {
+            existing_or_new(app, params).await?
+        } else {
+            existing(app, params).await?
+        };
+        match op(&session) {
+            Ok((value, ticket)) => {
+                ticket.durable().await?;
+                return Ok((session, value));
+            }
+            Err(Refused::Ended) => continue,
+            Err(r) => return Err(refused(&session, r)),
+        }
+    }
 }
 
 fn refused(session: &Session, r: Refused) -> ApiError {
@@ -112,25 +142,49 @@ pub struct ListQuery {
 
 /// `GET /v1/sessions?limit=&after=&user=`: sessions in id order, paginated
 /// like OpenAI's lists.
-pub async fn list(State(app): State<Arc<App>>, Query(q): Query<ListQuery>) -> Json<Value> {
+pub async fn list(
+    State(app): State<Arc<App>>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(20).clamp(1, 1000);
-    let mut sessions: Vec<_> = app
-        .sessions
-        .all()
-        .into_iter()
-        .filter(|s| q.after.as_deref().is_none_or(|after| s.id.as_str() > after))
-        .filter(|s| q.user.as_deref().is_none_or(|u| s.has_user(u)))
-        .collect();
-    sessions.sort_by(|a, b| a.id.cmp(&b.id));
-    let has_more = sessions.len() > limit;
-    let data: Vec<_> = sessions.iter().take(limit).map(|s| s.summary()).collect();
-    Json(json!({
+    let mut data: Vec<Summary> = if app.policy.storage.persistent() {
+        let listed = app
+            .policy
+            .storage
+            .list(q.after.as_deref(), limit + 1, q.user.as_deref())
+            .await?;
+        listed
+            .into_iter()
+            .map(|l| match app.sessions.get(&l.id) {
+                // The working set knows whether a reply is in flight.
+                Some(live) => live.summary(),
+                None => Summary::from_listed(l),
+            })
+            .collect()
+    } else {
+        let mut sessions: Vec<_> = app
+            .sessions
+            .all()
+            .into_iter()
+            .filter(|s| q.after.as_deref().is_none_or(|after| s.id.as_str() > after))
+            .filter(|s| q.user.as_deref().is_none_or(|u| s.has_user(u)))
+            .collect();
+        sessions.sort_by(|a, b| a.id.cmp(&b.id));
+        sessions
+            .iter()
+            .take(limit + 1)
+            .map(|s| s.summary())
+            .collect()
+    };
+    let has_more = data.len() > limit;
+    data.truncate(limit);
+    Ok(Json(json!({
         "object": "list",
         "data": data,
         "first_id": data.first().map(|s| s.id.clone()),
         "last_id": data.last().map(|s| s.id.clone()),
         "has_more": has_more,
-    }))
+    })))
 }
 
 /// `GET /v1/sessions/{id}`: one session's summary.
@@ -138,7 +192,7 @@ pub async fn get(
     State(app): State<Arc<App>>,
     Path(params): Params,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(existing(&app, &params)?.summary())))
+    Ok(Json(json!(existing(&app, &params).await?.summary())))
 }
 
 #[derive(Debug, Deserialize)]
@@ -164,7 +218,7 @@ pub async fn history(
             )
         }
     };
-    let session = existing(&app, &params)?;
+    let session = existing(&app, &params).await?;
     let history = session.snapshot();
     let skip = q
         .limit
@@ -192,10 +246,10 @@ pub async fn replace_history(
     let body = json_body(body, app.config.server.max_body_bytes).await?;
     let messages = message_list(body, &["contents", "messages"])?;
     no_instructions(&messages)?;
-    let session = existing_or_new(&app, &params)?;
-    let count = session
-        .replace_history(&app.policy, messages, now_ms())
-        .map_err(|r| refused(&session, r))?;
+    let (session, count) = write(&app, &params, true, |s| {
+        s.replace_history(&app.policy, messages.clone(), now_ms())
+    })
+    .await?;
     Ok(Json(
         json!({"session_id": session.id, "message_count": count}),
     ))
@@ -211,10 +265,10 @@ pub async fn append(
     let body = json_body(body, app.config.server.max_body_bytes).await?;
     let messages = message_list(body, &["messages"])?;
     no_instructions(&messages)?;
-    let session = existing_or_new(&app, &params)?;
-    let stored = session
-        .append_messages(&app.policy, messages, now_ms())
-        .map_err(|r| refused(&session, r))?;
+    let (session, stored) = write(&app, &params, true, |s| {
+        s.append_messages(&app.policy, messages.clone(), now_ms())
+    })
+    .await?;
     Ok(Json(json!({"session_id": session.id, "messages": stored})))
 }
 
@@ -224,10 +278,10 @@ pub async fn clear_history(
     State(app): State<Arc<App>>,
     Path(params): Params,
 ) -> Result<Json<Value>, ApiError> {
-    let session = existing(&app, &params)?;
-    let cleared = session
-        .clear_history(now_ms())
-        .map_err(|r| refused(&session, r))?;
+    let (session, cleared) = write(&app, &params, false, |s| {
+        s.clear_history(&app.policy, now_ms())
+    })
+    .await?;
     Ok(Json(json!({"session_id": session.id, "deleted": cleared})))
 }
 
@@ -236,7 +290,7 @@ pub async fn system_messages(
     State(app): State<Arc<App>>,
     Path(params): Params,
 ) -> Result<Json<Value>, ApiError> {
-    let session = existing(&app, &params)?;
+    let session = existing(&app, &params).await?;
     Ok(Json(json!({"system_messages": session.system_messages()})))
 }
 
@@ -256,8 +310,11 @@ pub async fn set_system_messages(
         )
         .into());
     }
-    let session = existing_or_new(&app, &params)?;
-    session.set_system_messages(messages, now_ms());
+    let (session, ()) = write(&app, &params, true, |s| {
+        let ticket = s.set_system_messages(&app.policy, messages.clone(), now_ms())?;
+        Ok(((), ticket))
+    })
+    .await?;
     Ok(Json(json!({"system_messages": session.system_messages()})))
 }
 
@@ -267,8 +324,8 @@ pub async fn end(
     State(app): State<Arc<App>>,
     Path(params): Params,
 ) -> Result<Json<Value>, ApiError> {
-    let session = existing(&app, &params)?;
-    match lifecycle::end(&app, &session, EndReason::Ended) {
+    let session = existing(&app, &params).await?;
+    match lifecycle::end(&app, &session, EndReason::Ended).await? {
         Some(event @ Event::SessionEnded { .. }) => Ok(Json(json!(event))),
         _ => Err(RequestError::SessionNotFound {
             id: session.id.clone(),
@@ -325,10 +382,10 @@ pub async fn interrupt(
         } => Some(Spoken::Chars(n)),
         _ => None,
     };
-    let session = existing(&app, &params)?;
-    let (was, record) = match session.interrupt(spoken.as_ref(), now_ms()) {
-        Interrupted::InFlight(m) => ("in_flight", m),
-        Interrupted::Stored(m) => ("stored", m),
+    let session = existing(&app, &params).await?;
+    let (was, record, ticket) = match session.interrupt(&app.policy, spoken.as_ref(), now_ms()) {
+        Interrupted::InFlight(m, t) => ("in_flight", m, t),
+        Interrupted::Stored(m, t) => ("stored", m, t),
         Interrupted::NothingToInterrupt => {
             return Err(RequestError::NothingToInterrupt {
                 id: session.id.clone(),
@@ -336,6 +393,7 @@ pub async fn interrupt(
             .into())
         }
     };
+    ticket.durable().await?;
     Ok(Json(json!({
         "session_id": session.id,
         "interrupted": was,

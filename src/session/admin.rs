@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::{Policy, Refused, Session};
 use crate::config::OnNewRequest;
 use crate::message::Message;
+use crate::storage::{Listed, Op, Ticket};
 use crate::turns;
 
 #[derive(Debug, Clone, Serialize)]
@@ -20,6 +21,32 @@ pub struct Summary {
     pub last_active_at: i64,
     pub users: Vec<String>,
     pub in_flight: bool,
+}
+
+impl Summary {
+    /// A stored session that is not in the working set.
+    pub fn from_listed(l: Listed) -> Self {
+        Summary {
+            id: l.id,
+            message_count: l.message_count,
+            turn_id: l.meta.turn_id,
+            created_at: l.meta.created_ms,
+            last_active_at: l.meta.last_active_ms,
+            users: l.meta.users,
+            in_flight: false,
+        }
+    }
+}
+
+/// When a session may end.
+#[derive(Debug, Clone, Copy)]
+pub enum EndWhen {
+    /// Now; a reply in flight is recorded as interrupted first.
+    Always,
+    /// If it has been idle since before this time and has no reply in flight.
+    IdleBefore(i64),
+    /// If it has no reply in flight.
+    NotBusy,
 }
 
 /// A session's memory when it ends, for the webhook.
@@ -57,15 +84,19 @@ impl Session {
         policy: &Policy,
         mut messages: Vec<Message>,
         now_ms: i64,
-    ) -> Result<usize, Refused> {
+    ) -> Result<(usize, Ticket), Refused> {
         let mut st = self.settled(OnNewRequest::Interrupt)?;
+        self.touch(now_ms);
         let turn = turns::stamp_client_messages(&mut messages, 0, None, now_ms);
         let old = std::mem::replace(&mut st.messages, messages);
         st.first_seq += old.len() as u64;
         st.turn_id = turn;
-        self.trim(&mut st, policy);
-        self.touch(now_ms);
-        Ok(st.messages.len())
+        let mut ops = vec![Op::Clear {
+            id: self.id.clone(),
+        }];
+        ops.extend((0..st.messages.len()).map(|i| self.push_op(&st, i)));
+        self.trim(&mut st, policy, &mut ops);
+        Ok((st.messages.len(), self.persist(&st, policy, ops)))
     }
 
     /// Appends messages without calling the model: a greeting, an
@@ -77,8 +108,9 @@ impl Session {
         policy: &Policy,
         mut messages: Vec<Message>,
         now_ms: i64,
-    ) -> Result<Vec<Message>, Refused> {
+    ) -> Result<(Vec<Message>, Ticket), Refused> {
         let mut st = self.settled(policy.on_new_request)?;
+        self.touch(now_ms);
         for m in messages.iter_mut().filter(|m| m.role == "assistant") {
             m.metadata_mut()
                 .entry("source")
@@ -86,43 +118,81 @@ impl Session {
         }
         st.turn_id =
             turns::stamp_client_messages(&mut messages, st.turn_id, st.messages.last(), now_ms);
+        let from = st.messages.len();
         st.messages.extend(messages.iter().cloned());
-        self.trim(&mut st, policy);
-        self.touch(now_ms);
-        Ok(messages)
+        let mut ops: Vec<Op> = (from..st.messages.len())
+            .map(|i| self.push_op(&st, i))
+            .collect();
+        self.trim(&mut st, policy, &mut ops);
+        Ok((messages, self.persist(&st, policy, ops)))
     }
 
     /// Clears the history; the session and its system messages stay.
-    pub fn clear_history(&self, now_ms: i64) -> Result<usize, Refused> {
+    pub fn clear_history(&self, policy: &Policy, now_ms: i64) -> Result<(usize, Ticket), Refused> {
         let mut st = self.settled(OnNewRequest::Interrupt)?;
+        self.touch(now_ms);
         let cleared = st.messages.len();
         st.first_seq += cleared as u64;
         st.messages.clear();
         st.turn_id = 0;
-        self.touch(now_ms);
-        Ok(cleared)
+        let ops = vec![Op::Clear {
+            id: self.id.clone(),
+        }];
+        Ok((cleared, self.persist(&st, policy, ops)))
     }
 
     pub fn system_messages(&self) -> Vec<Message> {
         self.state().system_messages.clone()
     }
 
-    pub fn set_system_messages(&self, messages: Vec<Message>, now_ms: i64) {
-        self.state().system_messages = messages;
+    pub fn set_system_messages(
+        &self,
+        policy: &Policy,
+        messages: Vec<Message>,
+        now_ms: i64,
+    ) -> Result<Ticket, Refused> {
+        let mut st = self.state();
+        if st.ended {
+            return Err(Refused::Ended);
+        }
         self.touch(now_ms);
+        st.system_messages = messages;
+        Ok(self.persist(&st, policy, Vec::new()))
     }
 
     /// Ends the session: a reply in flight is recorded as interrupted, and
     /// later requests holding this session start a new one. `None` if it
     /// had already ended.
-    pub fn end(self: &Arc<Self>) -> Option<Ended> {
-        let mut st = self.settled(OnNewRequest::Interrupt).ok()?;
+    pub fn end(self: &Arc<Self>, policy: &Policy, when: EndWhen) -> Option<(Ended, Ticket)> {
+        let mut st = match when {
+            EndWhen::Always => self.settled(OnNewRequest::Interrupt).ok()?,
+            EndWhen::IdleBefore(_) | EndWhen::NotBusy => {
+                let st = self.state();
+                if st.ended || st.active.is_some() {
+                    return None;
+                }
+                st
+            }
+        };
+        if let EndWhen::IdleBefore(cutoff) = when {
+            if self.last_active_ms() >= cutoff {
+                return None;
+            }
+        }
         st.ended = true;
-        Some(Ended {
+        let ticket = if policy.storage.persistent() {
+            policy.storage.submit(vec![Op::Delete {
+                id: self.id.clone(),
+            }])
+        } else {
+            Ticket::ready()
+        };
+        let ended = Ended {
             turn_id: st.turn_id,
             users: std::mem::take(&mut st.users),
             system_messages: std::mem::take(&mut st.system_messages),
             contents: std::mem::take(&mut st.messages),
-        })
+        };
+        Some((ended, ticket))
     }
 }

@@ -14,7 +14,7 @@ mod store;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use admin::{Ended, Summary};
+pub use admin::{EndWhen, Ended, Summary};
 pub use store::Store;
 
 use crate::config::{HistoryConfig, OnNewRequest};
@@ -22,6 +22,7 @@ use crate::inflight::{InFlight, Recorder};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::metrics::Counters;
+use crate::storage::{Loaded, Meta, Op, Storage, Ticket};
 use crate::webhook::{Event, Notifier};
 use crate::window::{self, Limits, TrimReason, TrimScope};
 use crate::{reconcile, turns};
@@ -41,6 +42,7 @@ pub struct Policy {
     pub on_new_request: OnNewRequest,
     pub counters: Arc<Counters>,
     pub notifier: Arc<dyn Notifier>,
+    pub storage: Arc<Storage>,
 }
 
 pub struct Session {
@@ -79,6 +81,8 @@ pub struct Prepared {
     pub turn_id: u64,
     pub window: Vec<Message>,
     pub system_messages: Vec<Message>,
+    /// Resolves when the appended messages are durable.
+    pub durable: Ticket,
 }
 
 /// Why a turn could not begin.
@@ -94,9 +98,9 @@ pub enum Refused {
 #[derive(Debug)]
 pub enum Interrupted {
     /// The reply in flight was cut off; this is its record.
-    InFlight(Message),
-    /// The newest stored reply was marked.
-    Stored(Message),
+    InFlight(Message, Ticket),
+    /// The newest stored reply was marked; the ticket says when durable.
+    Stored(Message, Ticket),
     NothingToInterrupt,
 }
 
@@ -110,12 +114,79 @@ impl Session {
         }
     }
 
+    /// A session read back from storage.
+    fn from_loaded(id: &str, loaded: Loaded) -> Self {
+        let Loaded { meta, messages } = loaded;
+        Self {
+            id: id.to_owned(),
+            created_ms: meta.created_ms,
+            last_active_ms: AtomicI64::new(meta.last_active_ms),
+            state: Mutex::new(State {
+                turn_id: meta.turn_id,
+                messages,
+                first_seq: meta.first_seq,
+                active: None,
+                system_messages: meta.system_messages,
+                users: meta.users,
+                ended: false,
+            }),
+        }
+    }
+
+    fn meta(&self, st: &State) -> Meta {
+        Meta {
+            created_ms: self.created_ms,
+            last_active_ms: self.last_active_ms(),
+            turn_id: st.turn_id,
+            first_seq: st.first_seq,
+            users: st.users.clone(),
+            system_messages: st.system_messages.clone(),
+        }
+    }
+
+    /// Sends the changes made under `st` to storage, with the session's
+    /// meta, in the order they were made (the caller still holds the lock).
+    fn persist(&self, st: &State, policy: &Policy, mut ops: Vec<Op>) -> Ticket {
+        if !policy.storage.persistent() {
+            return Ticket::ready();
+        }
+        ops.insert(
+            0,
+            Op::Save {
+                id: self.id.clone(),
+                meta: self.meta(st),
+            },
+        );
+        policy.storage.submit(ops)
+    }
+
+    fn push_op(&self, st: &State, index: usize) -> Op {
+        Op::Push {
+            id: self.id.clone(),
+            seq: st.first_seq + index as u64,
+            message: st.messages[index].clone(),
+        }
+    }
+
+    fn set_op(&self, st: &State, index: usize) -> Op {
+        Op::Set {
+            id: self.id.clone(),
+            seq: st.first_seq + index as u64,
+            message: st.messages[index].clone(),
+        }
+    }
+
     pub fn touch(&self, now_ms: i64) {
         self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
     }
 
     pub fn last_active_ms(&self) -> i64 {
         self.last_active_ms.load(Ordering::Relaxed)
+    }
+
+    /// The reply in flight, if any.
+    pub fn in_flight(&self) -> Option<Arc<InFlight>> {
+        self.state().active.clone()
     }
 
     /// A reply is in flight: the session is not idle whatever the clock says.
@@ -152,11 +223,11 @@ impl Session {
                 st.users.push(user.to_owned());
             }
         }
+        self.touch(now_ms);
         let prepared = self.append(&mut st, policy, incoming, now_ms);
         let recorder = Recorder::new(Arc::clone(self), Arc::clone(policy));
         let flight = Arc::new(InFlight::new(Some(recorder), prepared.turn_id));
         st.active = Some(Arc::clone(&flight));
-        self.touch(now_ms);
         Ok((prepared, flight))
     }
 
@@ -197,16 +268,20 @@ impl Session {
         incoming: &[Message],
         now_ms: i64,
     ) -> Prepared {
+        let mut ops = Vec::new();
         let found = reconcile::reconcile(&st.messages, incoming, st.first_seq > 0);
         for (i, heard) in found.shortened {
             if let Some(m) = st.messages.get_mut(i) {
                 interruption::mark_stored(m, Some(&Spoken::Text(heard)), now_ms);
+                ops.push(self.set_op(st, i));
             }
         }
         let mut new = incoming[found.overlap..].to_vec();
         st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, st.messages.last(), now_ms);
+        let from = st.messages.len();
         st.messages.extend(new);
-        self.trim(st, policy);
+        ops.extend((from..st.messages.len()).map(|i| self.push_op(st, i)));
+        self.trim(st, policy, &mut ops);
 
         let limits = Limits {
             messages: policy.history.window_messages,
@@ -221,14 +296,19 @@ impl Session {
             turn_id: st.turn_id,
             window: st.messages[start..].to_vec(),
             system_messages: st.system_messages.clone(),
+            durable: self.persist(st, policy, ops),
         }
     }
 
-    fn trim(&self, st: &mut State, policy: &Policy) {
+    fn trim(&self, st: &mut State, policy: &Policy, ops: &mut Vec<Op>) {
         let drop = window::keep_start(&st.messages, policy.history.max_messages);
         if drop > 0 {
             st.messages.drain(..drop);
             st.first_seq += drop as u64;
+            ops.push(Op::DropBefore {
+                id: self.id.clone(),
+                seq: st.first_seq,
+            });
             self.trimmed(policy, TrimScope::History, TrimReason::MaxMessages, drop);
         }
     }
@@ -248,19 +328,22 @@ impl Session {
     }
 
     /// Stores a reply (if any) and frees the turn slot held by `flight`.
-    /// Returns the reply's sequence number.
+    /// Returns the reply's sequence number and when it is durable.
     pub(crate) fn finish(
         &self,
         flight: &InFlight,
         reply: Option<Message>,
         policy: &Policy,
-    ) -> Option<u64> {
+    ) -> (Option<u64>, Ticket) {
         let mut st = self.state();
+        self.touch(crate::relay::now_ms());
+        let mut ops = Vec::new();
         let seq = reply.map(|m| {
             st.messages.push(m);
+            ops.push(self.push_op(&st, st.messages.len() - 1));
             st.first_seq + st.messages.len() as u64 - 1
         });
-        self.trim(&mut st, policy);
+        self.trim(&mut st, policy, &mut ops);
         if st
             .active
             .as_deref()
@@ -268,21 +351,28 @@ impl Session {
         {
             st.active = None;
         }
-        seq
+        let ticket = self.persist(&st, policy, ops);
+        (seq, ticket)
     }
 
     /// Changes a stored message, if it is still stored.
-    pub(crate) fn update(&self, seq: u64, change: impl FnOnce(&mut Message)) {
+    pub(crate) fn update(
+        &self,
+        seq: u64,
+        policy: &Policy,
+        change: impl FnOnce(&mut Message),
+    ) -> Ticket {
         let mut st = self.state();
-        let Some(index) = seq.checked_sub(st.first_seq) else {
-            return;
+        let Some(index) = seq
+            .checked_sub(st.first_seq)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| i < st.messages.len())
+        else {
+            return Ticket::ready();
         };
-        if let Some(m) = usize::try_from(index)
-            .ok()
-            .and_then(|i| st.messages.get_mut(i))
-        {
-            change(m);
-        }
+        change(&mut st.messages[index]);
+        let op = self.set_op(&st, index);
+        self.persist(&st, policy, vec![op])
     }
 
     /// Frees the turn slot if `flight` still holds it (it always gives it up
@@ -296,11 +386,11 @@ impl Session {
 
     /// The agent says its user interrupted the bot: cut off the reply in
     /// flight, or mark the newest stored reply.
-    pub fn interrupt(&self, spoken: Option<&Spoken>, now_ms: i64) -> Interrupted {
+    pub fn interrupt(&self, policy: &Policy, spoken: Option<&Spoken>, now_ms: i64) -> Interrupted {
         let active = self.state().active.clone();
         if let Some(active) = active {
-            if let Some(record) = active.interrupt(spoken) {
-                return Interrupted::InFlight(record);
+            if let Some((record, ticket)) = active.interrupt(spoken) {
+                return Interrupted::InFlight(record, ticket);
             }
         }
         let mut st = self.state();
@@ -314,6 +404,8 @@ impl Session {
             return Interrupted::NothingToInterrupt;
         };
         interruption::mark_stored(m, spoken, now_ms);
-        Interrupted::Stored(m.clone())
+        let record = m.clone();
+        let op = self.set_op(&st, st.messages.len() - 1);
+        Interrupted::Stored(record, self.persist(&st, policy, vec![op]))
     }
 }

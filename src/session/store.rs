@@ -8,6 +8,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::Session;
+use crate::storage::{Storage, StorageError};
 
 #[derive(Default)]
 pub struct Store {
@@ -17,6 +18,40 @@ pub struct Store {
 impl Store {
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {
         self.sessions.get(id).map(|s| Arc::clone(&s))
+    }
+
+    /// The session, from the working set or else from storage.
+    pub async fn find(
+        &self,
+        id: &str,
+        storage: &Storage,
+    ) -> Result<Option<Arc<Session>>, StorageError> {
+        if let Some(s) = self.get(id) {
+            return Ok(Some(s));
+        }
+        let Some(loaded) = storage.load(id).await? else {
+            return Ok(None);
+        };
+        // Another request may have loaded it meanwhile: keep the first.
+        let session = self
+            .sessions
+            .entry(id.to_owned())
+            .or_insert_with(|| Arc::new(Session::from_loaded(id, loaded)));
+        Ok(Some(Arc::clone(&session)))
+    }
+
+    /// The session from the working set or storage, else a new one; and
+    /// whether it was created by this call.
+    pub async fn open(
+        &self,
+        id: &str,
+        storage: &Storage,
+        now_ms: i64,
+    ) -> Result<(Arc<Session>, bool), StorageError> {
+        match self.find(id, storage).await? {
+            Some(s) => Ok((s, false)),
+            None => Ok(self.get_or_create(id, now_ms)),
+        }
     }
 
     /// The session, and whether it was created by this call.

@@ -272,6 +272,30 @@ pub fn sse_tail() -> String {
     format!("data: {finish}\n\ndata: {usage}\n\ndata: [DONE]\n\n")
 }
 
+/// The `[storage]` section for the backend under test, chosen by
+/// `RECALL_TEST_BACKEND` (`memory` when unset; `sqlite`; `redis` with
+/// `RECALL_TEST_REDIS_URL`). Every harness gets storage of its own.
+pub fn storage_section() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst);
+    let tag = format!("{}-{n}", std::process::id());
+    match std::env::var("RECALL_TEST_BACKEND").as_deref() {
+        Ok("sqlite") => {
+            let dir = std::env::temp_dir().join("recall-tests");
+            format!(
+                "[storage]\nbackend = \"sqlite\"\npath = \"{}\"\n",
+                dir.join(format!("{tag}.db")).display()
+            )
+        }
+        Ok("redis") => {
+            let url = std::env::var("RECALL_TEST_REDIS_URL")
+                .expect("RECALL_TEST_BACKEND=redis needs RECALL_TEST_REDIS_URL");
+            format!("[storage]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"t{tag}\"\n")
+        }
+        _ => String::new(),
+    }
+}
+
 /// A recall server in front of a mock upstream.
 pub struct Harness {
     pub url: String,
@@ -293,9 +317,10 @@ impl Harness {
     }
 
     pub async fn with_config(toml: &str, upstream: MockUpstream) -> Self {
-        let config = recall::Config::parse(toml, std::path::Path::new("test.toml"))
+        let toml = format!("{toml}\n{}", storage_section());
+        let config = recall::Config::parse(&toml, std::path::Path::new("test.toml"))
             .unwrap_or_else(|e| panic!("{e}"));
-        let app = recall::App::new(config).unwrap();
+        let app = recall::App::new(config).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let served = Arc::clone(&app);

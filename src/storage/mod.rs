@@ -1,0 +1,210 @@
+//! Durable memory behind the in-process working set.
+//!
+//! Sessions change in memory, under their own lock, and every change is
+//! also sent here as a list of `Op`s, in order. A backend's writer applies
+//! them in batches (one transaction, one sync, many messages: group
+//! commit), so the request path never waits on a disk sync per message.
+//! What a client is about to be told waits on the `Ticket` of the change it
+//! depends on: a user message is durable before its upstream call, a reply
+//! before its `[DONE]` or body is released.
+
+pub mod sqlite;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::config::{StorageBackend, StorageConfig};
+use crate::message::Message;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("cannot create {path}: {source}")]
+    Dir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+    #[error("the storage writer has stopped")]
+    Stopped,
+    #[error("storage task failed: {0}")]
+    Task(String),
+}
+
+/// Everything about a session but its messages.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub created_ms: i64,
+    pub last_active_ms: i64,
+    pub turn_id: u64,
+    /// Sequence number of the oldest stored message.
+    pub first_seq: u64,
+    pub users: Vec<String>,
+    pub system_messages: Vec<Message>,
+}
+
+/// A session as read back from storage.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub meta: Meta,
+    pub messages: Vec<Message>,
+}
+
+/// A session in a listing, without its messages.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub id: String,
+    pub meta: Meta,
+    pub message_count: usize,
+}
+
+/// One change to a session, applied in order.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Creates the session or replaces its meta.
+    Save { id: String, meta: Meta },
+    /// Stores a new message under its sequence number.
+    Push {
+        id: String,
+        seq: u64,
+        message: Message,
+    },
+    /// Replaces a stored message.
+    Set {
+        id: String,
+        seq: u64,
+        message: Message,
+    },
+    /// Drops messages older than `seq`.
+    DropBefore { id: String, seq: u64 },
+    /// Drops every message.
+    Clear { id: String },
+    /// Forgets the session.
+    Delete { id: String },
+}
+
+/// Resolves when the ops it was issued for are durable (or failed).
+#[derive(Debug)]
+pub struct Ticket(Option<oneshot::Receiver<Result<(), String>>>);
+
+impl Ticket {
+    pub fn ready() -> Self {
+        Ticket(None)
+    }
+
+    pub async fn durable(self) -> Result<(), StorageError> {
+        match self.0 {
+            None => Ok(()),
+            Some(rx) => match rx.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(StorageError::Task(e)),
+                Err(_) => Err(StorageError::Stopped),
+            },
+        }
+    }
+
+    /// The same, as a boxed future a hand-written `Stream` can poll.
+    pub fn boxed(self) -> Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>> {
+        Box::pin(self.durable())
+    }
+}
+
+/// A batch of ops and whom to tell when it is durable.
+pub(crate) struct Batch {
+    pub ops: Vec<Op>,
+    pub done: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+pub enum Storage {
+    /// Nothing survives a restart.
+    Memory,
+    Sqlite(sqlite::Sqlite),
+}
+
+impl Storage {
+    pub async fn open(config: &StorageConfig) -> Result<Arc<Self>, StorageError> {
+        Ok(Arc::new(match config.backend {
+            StorageBackend::Memory => Storage::Memory,
+            StorageBackend::Sqlite => Storage::Sqlite(sqlite::Sqlite::open(config).await?),
+            StorageBackend::Redis => return Err(StorageError::Task("redis: not built".into())),
+        }))
+    }
+
+    /// Whether sessions live beyond this process (and so are looked up,
+    /// listed and expired through the backend).
+    pub fn persistent(&self) -> bool {
+        !matches!(self, Storage::Memory)
+    }
+
+    /// Queues ops; the ticket resolves when they are durable.
+    pub fn submit(&self, ops: Vec<Op>) -> Ticket {
+        match self {
+            Storage::Memory => Ticket::ready(),
+            Storage::Sqlite(s) => s.submit(ops),
+        }
+    }
+
+    /// Resolves when everything submitted so far is durable.
+    pub async fn flush(&self) -> Result<(), StorageError> {
+        self.submit(Vec::new()).durable().await
+    }
+
+    /// Reads a session back. Waits for queued writes first, so that a
+    /// session ended a moment ago is not read back to life.
+    pub async fn load(&self, id: &str) -> Result<Option<Loaded>, StorageError> {
+        match self {
+            Storage::Memory => Ok(None),
+            Storage::Sqlite(s) => {
+                self.flush().await?;
+                s.load(id).await
+            }
+        }
+    }
+
+    /// Sessions in id order after `after`, at most `limit`, optionally only
+    /// those `user` spoke in.
+    pub async fn list(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        user: Option<&str>,
+    ) -> Result<Vec<Listed>, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(Vec::new()),
+            Storage::Sqlite(s) => s.list(after, limit, user).await,
+        }
+    }
+
+    pub async fn count(&self) -> Result<usize, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(0),
+            Storage::Sqlite(s) => s.count().await,
+        }
+    }
+
+    /// Ids of sessions last active before `cutoff_ms`, oldest first.
+    pub async fn idle(&self, cutoff_ms: i64, limit: usize) -> Result<Vec<String>, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(Vec::new()),
+            Storage::Sqlite(s) => s.idle(cutoff_ms, limit).await,
+        }
+    }
+
+    /// Ids of the `n` least recently active sessions, oldest first.
+    pub async fn least_active(&self, n: usize) -> Result<Vec<String>, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(Vec::new()),
+            Storage::Sqlite(s) => s.idle(i64::MAX, n).await,
+        }
+    }
+}
