@@ -90,7 +90,10 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    tracing::info!(%addr, config = %path.display(), "recall listening");
+    let bound = listener
+        .local_addr()
+        .map_or_else(|_| addr.clone(), |a| a.to_string());
+    tracing::info!(addr = %bound, config = %path.display(), "recall listening");
     match recall::serve(listener, app, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,337 @@
+//! What survives: restarts, `kill -9`, and SIGTERM in the middle of replies.
+//! These run against SQLite whatever backend the rest of the suite uses.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+fn runs_here() -> bool {
+    !matches!(std::env::var("RECALL_TEST_BACKEND").as_deref(), Ok("redis"))
+}
+
+fn temp_db(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("recall-durability-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.db"));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+async fn in_process(db: &PathBuf, upstream: &MockUpstream) -> Harness {
+    let toml = format!(
+        "[storage]\nbackend = \"sqlite\"\npath = \"{}\"\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        db.display(),
+        upstream.base_url()
+    );
+    let config = recall::Config::parse(&toml, std::path::Path::new("test.toml")).unwrap();
+    let app = recall::App::new(config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = Arc::clone(&app);
+    tokio::spawn(async move { recall::serve(listener, served, std::future::pending()).await });
+    Harness {
+        url,
+        upstream: upstream.clone(),
+        app,
+        client: reqwest::Client::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_restart_keeps_history_system_messages_and_turn_ids() {
+    if !runs_here() {
+        return;
+    }
+    let db = temp_db("restart");
+    let upstream = MockUpstream::start().await;
+    let first = in_process(&db, &upstream).await;
+    first.say("keep", "one").await;
+    first
+        .api(
+            Method::PUT,
+            "/v1/sessions/keep/system_messages",
+            Some(json!({"system_messages": [system("likes tea")]})),
+        )
+        .await;
+    first.say("keep", "two").await;
+    let before = first.history("keep").await.1;
+    first.app.wind_down().await;
+
+    let second = in_process(&db, &upstream).await;
+    assert_eq!(second.history("keep").await.1, before);
+    let (_, sys) = second
+        .api(Method::GET, "/v1/sessions/keep/system_messages", None)
+        .await;
+    assert_eq!(sys["system_messages"][0]["content"], "likes tea");
+    second.say("keep", "three").await;
+    let after = second.history("keep").await.1;
+    assert_eq!(after["turn_id"], 3);
+    assert_eq!(after["contents"][4]["turn_id"], 3);
+    assert_eq!(
+        upstream.last().transcript(),
+        [
+            "system: likes tea",
+            "user: one",
+            "assistant: reply 1",
+            "user: two",
+            "assistant: reply 2",
+            "user: three"
+        ]
+    );
+    let (_, list) = second.api(Method::GET, "/v1/sessions", None).await;
+    assert_eq!(list["data"][0]["id"], "keep");
+    assert_eq!(list["data"][0]["message_count"], 6);
+}
+
+/// A recall process on a config of its own.
+struct Process {
+    child: Child,
+    url: String,
+}
+
+impl Process {
+    fn start(config: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("recall-proc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{}.toml", rand_tag()));
+        std::fs::write(&path, config).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
+            .arg("--config")
+            .arg(&path)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("recall exited before listening")
+                .unwrap();
+            if let Some(at) = line.find("addr=") {
+                let addr = line[at + 5..].split_whitespace().next().unwrap();
+                break format!("http://{addr}");
+            }
+        };
+        // Keep reading so that the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, url }
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rand_tag() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+fn process_config(db: &PathBuf, upstream: &MockUpstream, extra: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n{extra}\n[log]\nformat = \"text\"\n\
+         [storage]\nbackend = \"sqlite\"\npath = \"{}\"\n\
+         [[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        db.display(),
+        upstream.base_url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_during_a_burst_loses_no_acknowledged_message() {
+    if !runs_here() {
+        return;
+    }
+    let db = temp_db("kill9");
+    let upstream = MockUpstream::start().await;
+    let config = process_config(&db, &upstream, "");
+    let recall = Process::start(&config);
+    let client = reqwest::Client::new();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let (client, url, stop) = (client.clone(), recall.url.clone(), Arc::clone(&stop));
+        workers.push(tokio::spawn(async move {
+            let session = format!("burst-{w}");
+            let mut acked = Vec::new();
+            for t in 0.. {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let text = format!("{session} turn {t}");
+                let sent = client
+                    .post(format!("{url}/v1/chat/completions"))
+                    .header("x-session-id", &session)
+                    .json(&json!({"model": "m", "messages": [user(&text)]}))
+                    .send()
+                    .await;
+                match sent {
+                    Ok(resp) if resp.status() == 200 => match resp.json::<Value>().await {
+                        Ok(body) => {
+                            acked.push((text, body["choices"][0]["message"]["content"].clone()))
+                        }
+                        Err(_) => break,
+                    },
+                    _ => break,
+                }
+            }
+            (session, acked)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    recall.signal("KILL");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut results = Vec::new();
+    for w in workers {
+        results.push(w.await.unwrap());
+    }
+    drop(recall);
+
+    let restarted = Process::start(&config);
+    let mut total = 0;
+    for (session, acked) in results {
+        let hist: Value = client
+            .get(format!("{}/v1/sessions/{session}/history", restarted.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let stored: Vec<Value> = hist["contents"].as_array().cloned().unwrap_or_default();
+        for (i, (text, reply)) in acked.iter().enumerate() {
+            assert_eq!(stored[2 * i]["content"], json!(text), "{session}: {hist}");
+            assert_eq!(&stored[2 * i + 1]["content"], reply, "{session}: {hist}");
+        }
+        total += acked.len();
+    }
+    assert!(
+        total > 50,
+        "too few acknowledged turns to mean anything: {total}"
+    );
+    eprintln!("kill -9: {total} acknowledged turns, all present after restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_lets_short_replies_finish_and_records_long_ones_as_interrupted() {
+    if !runs_here() {
+        return;
+    }
+    let db = temp_db("sigterm");
+    let upstream = MockUpstream::start().await;
+    let config = process_config(&db, &upstream, "shutdown_grace_secs = 1");
+    let recall = Process::start(&config);
+    let client = reqwest::Client::new();
+    let stream = |session: &'static str| {
+        let (client, url) = (client.clone(), recall.url.clone());
+        async move {
+            let resp = client
+                .post(format!("{url}/v1/chat/completions"))
+                .header("x-session-id", session)
+                .json(&json!({"model": "m", "stream": true, "messages": [user("go")]}))
+                .send()
+                .await
+                .unwrap();
+            let mut body = resp.bytes_stream();
+            let first = body.next().await.unwrap().unwrap();
+            (first, body)
+        }
+    };
+    upstream.push(sse_text(&["short ", "reply"], Duration::from_millis(200)));
+    let (_, short) = stream("short").await;
+    upstream.push(sse_text(
+        &["long ", "reply ", "that ", "takes ", "a while"],
+        Duration::from_millis(800),
+    ));
+    let (_, long) = stream("long").await;
+
+    let signalled = Instant::now();
+    recall.signal("TERM");
+    let read = |mut body: futures_util::stream::BoxStream<
+        'static,
+        reqwest::Result<bytes::Bytes>,
+    >| async move {
+        let mut text = String::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        text
+    };
+    let (short_text, long_text) = tokio::join!(read(short.boxed()), read(long.boxed()));
+    assert!(short_text.contains("[DONE]"), "{short_text}");
+    assert!(!long_text.contains("[DONE]"), "{long_text}");
+    let mut recall = recall;
+    let status = tokio::task::spawn_blocking(move || {
+        let s = recall.child.wait().unwrap();
+        (s, recall)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "exit status {:?}", status.0);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        signalled.elapsed()
+    );
+    drop(status.1);
+
+    let restarted = Process::start(&config);
+    let get = |s: &str| {
+        let (client, url) = (client.clone(), restarted.url.clone());
+        let s = s.to_owned();
+        async move {
+            client
+                .get(format!("{url}/v1/sessions/{s}/history"))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let short = get("short").await;
+    assert_eq!(short["contents"][1]["content"], "short reply");
+    assert!(short["contents"][1]["metadata"]
+        .get("interrupted")
+        .is_none());
+    let long = get("long").await;
+    assert_eq!(
+        long["contents"][1]["metadata"]["interrupted"], true,
+        "{long}"
+    );
+    assert!(long["contents"][1]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("long "));
+}
