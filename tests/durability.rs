@@ -26,7 +26,7 @@ fn temp_db(name: &str) -> PathBuf {
     path
 }
 
-async fn in_process(db: &PathBuf, upstream: &MockUpstream) -> Harness {
+async fn in_process(db: &std::path::Path, upstream: &MockUpstream) -> Harness {
     let toml = format!(
         "[storage]\nbackend = \"sqlite\"\npath = \"{}\"\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
         db.display(),
@@ -157,7 +157,7 @@ fn rand_tag() -> String {
     )
 }
 
-fn process_config(db: &PathBuf, upstream: &MockUpstream, extra: &str) -> String {
+fn process_config(db: &std::path::Path, upstream: &MockUpstream, extra: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n{extra}\n[log]\nformat = \"text\"\n\
          [storage]\nbackend = \"sqlite\"\npath = \"{}\"\n\
