@@ -20,6 +20,8 @@ pub struct ReplyAccumulator {
     pub done: bool,
     /// Some choice-0 chunk carried a `finish_reason`.
     pub finished: bool,
+    /// Choice 0's `finish_reason`, once it has come.
+    pub finish_reason: Option<String>,
     /// An `error` object the upstream sent inside the stream.
     pub error: Option<String>,
     /// Data lines that were not JSON.
@@ -85,8 +87,9 @@ impl ReplyAccumulator {
         let Some(choice) = first_choice(chunk) else {
             return;
         };
-        if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
+        if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
             self.finished = true;
+            self.finish_reason = reason.as_str().map(str::to_owned);
         }
         let Some(delta) = choice.get("delta") else {
             return;
@@ -201,6 +204,14 @@ fn first_choice(body: &Value) -> Option<&Value> {
         .iter()
         .find(|c| c.get("index").and_then(Value::as_u64) == Some(0))
         .or_else(|| choices.first().filter(|c| c.get("index").is_none()))
+}
+
+/// Choice 0's `finish_reason` in a completion body.
+pub fn finish_reason(body: &Value) -> Option<String> {
+    first_choice(body)?
+        .get("finish_reason")?
+        .as_str()
+        .map(str::to_owned)
 }
 
 /// The assistant message of a non-streaming completion body.

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::config::{CacheConfig, CacheScope};
 use crate::message::Message;
@@ -38,32 +38,54 @@ impl AnswerCache {
     }
 
     /// The key of a request, or `None` when it cannot be answered from the
-    /// cache: its last message is not a plain-text user message, or it asks
-    /// for tools.
+    /// cache: its last message is not a plain-text user message, it asks
+    /// for tools, or the scope is the session and there is none.
+    /// `session` is the session's id and incarnation (which changes when
+    /// its history is reset, so that a reused id never sees old answers).
+    /// `params` is the request body; every field but the messages and the
+    /// streaming options must match too.
     pub fn key(
         &self,
-        session_id: &str,
+        session: Option<(&str, u64)>,
         model: &str,
         instructions: &[Message],
         last: Option<&Message>,
-        has_tools: bool,
+        params: &Map<String, Value>,
     ) -> Option<Key> {
         let last = last.filter(|m| m.role == "user")?;
         let text = last.content_str()?;
+        let has_tools = ["tools", "functions"].iter().any(|k| {
+            params
+                .get(*k)
+                .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+        });
         if has_tools {
             return None;
         }
+        let scope = match self.scope {
+            CacheScope::Session => {
+                let (id, incarnation) = session?;
+                format!("{id}\u{0}{incarnation}")
+            }
+            CacheScope::Global => String::new(),
+        };
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         let mut field = |bytes: &[u8]| {
             // Length-prefixed, so that no two field lists hash alike.
             ctx.update(&(bytes.len() as u64).to_le_bytes());
             ctx.update(bytes);
         };
-        field(match self.scope {
-            CacheScope::Session => session_id.as_bytes(),
-            CacheScope::Global => b"",
-        });
+        field(scope.as_bytes());
         field(model.as_bytes());
+        for (k, v) in params {
+            if !matches!(
+                k.as_str(),
+                "messages" | "stream" | "stream_options" | "session_id" | "model"
+            ) {
+                field(k.as_bytes());
+                field(v.to_string().as_bytes());
+            }
+        }
         for m in instructions {
             field(m.role.as_bytes());
             field(m.content.to_string().as_bytes());
@@ -87,9 +109,13 @@ impl AnswerCache {
         }
     }
 
-    /// Stores a reply if it is a complete plain-text answer.
-    pub fn put(&self, key: Key, reply: &Message) {
-        if reply.has_tool_calls() || crate::interruption::is_interrupted(reply) {
+    /// Stores a reply if it is a complete plain-text answer: not cut off,
+    /// not stopped by a length limit or a filter.
+    pub fn put(&self, key: Key, reply: &Message, finish_reason: Option<&str>) {
+        if reply.has_tool_calls()
+            || crate::interruption::is_interrupted(reply)
+            || finish_reason.is_some_and(|r| r != "stop")
+        {
             return;
         }
         let Some(text) = reply.content_str().filter(|t| !t.is_empty()) else {
@@ -190,9 +216,11 @@ mod tests {
             1,
             None,
         );
-        c.put([1; 32], &cut);
+        c.put([1; 32], &cut, Some("stop"));
         assert_eq!(c.get(&[1; 32]), None);
-        c.put([2; 32], &Message::new("assistant", "9 to 5"));
+        c.put([3; 32], &Message::new("assistant", "9 to"), Some("length"));
+        assert_eq!(c.get(&[3; 32]), None);
+        c.put([2; 32], &Message::new("assistant", "9 to 5"), Some("stop"));
         assert_eq!(c.get(&[2; 32]).as_deref(), Some("9 to 5"));
     }
 

@@ -55,10 +55,13 @@ struct Progress {
     outcome: Outcome,
     /// Called with the reply when it is recorded complete.
     on_complete: Option<OnComplete>,
+    /// `finish_reason` of a non-streaming reply (a stream's is in `relayed`).
+    finish_reason: Option<String>,
 }
 
 /// What to do with a reply recorded complete (the answer cache stores it).
-pub type OnComplete = Box<dyn FnOnce(&Message) + Send>;
+/// It gets the reply and choice 0's `finish_reason`.
+pub type OnComplete = Box<dyn FnOnce(&Message, Option<&str>) + Send>;
 
 #[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
 enum Outcome {
@@ -192,8 +195,9 @@ impl InFlight {
 
     /// A non-streaming reply arrived whole. The ticket says when its
     /// record is durable; the body waits for it.
-    pub fn completed_whole(&self, reply: Message) -> Ticket {
+    pub fn completed_whole(&self, reply: Message, finish_reason: Option<String>) -> Ticket {
         let mut p = self.progress();
+        p.finish_reason = finish_reason;
         match p.outcome {
             Outcome::Open => self.record(&mut p, Some(reply), Outcome::Complete).1,
             Outcome::Interrupted { seq } => {
@@ -287,7 +291,11 @@ impl InFlight {
     ) -> (Option<u64>, Ticket) {
         p.outcome = outcome;
         if let (Outcome::Complete, Some(reply), Some(f)) = (outcome, &reply, p.on_complete.take()) {
-            f(reply);
+            let reason = p
+                .finish_reason
+                .clone()
+                .or_else(|| p.relayed.finish_reason.clone());
+            f(reply, reason.as_deref());
         }
         let Some(recorder) = self.recorder.as_ref() else {
             return (None, Ticket::ready());

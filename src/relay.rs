@@ -138,15 +138,18 @@ async fn whole(
             return;
         }
     };
-    let reply = status
+    let parsed: Option<serde_json::Value> = status
         .is_success()
         .then(|| serde_json::from_slice(&bytes).ok())
-        .flatten()
-        .and_then(|body| accumulate::message_from_completion(&body));
+        .flatten();
+    let reply = parsed
+        .as_ref()
+        .and_then(|body| Some((accumulate::message_from_completion(body)?, body)));
     match reply {
-        Some(reply) => {
+        Some((reply, body)) => {
+            let reason = accumulate::finish_reason(body);
             // The body is released only once its record is durable.
-            if let Err(e) = ex.flight.completed_whole(reply).durable().await {
+            if let Err(e) = ex.flight.completed_whole(reply, reason).durable().await {
                 tracing::error!(error = %e, "reply not stored");
                 let _ = respond.send(Err(e.into()));
                 return;

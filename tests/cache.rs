@@ -167,3 +167,72 @@ async fn interrupted_and_failed_replies_are_never_cached() {
     let (_, cache, _) = ask(&h, "f", "Tell me", &[]).await;
     assert_eq!(cache.as_deref(), Some("miss"));
 }
+
+#[tokio::test]
+async fn answers_are_not_shared_without_a_session_nor_after_a_reset_or_an_end() {
+    let h = Harness::start("[cache]\nexact_match = true\n", "").await;
+    // No session, session scope: nothing to scope answers by.
+    for _ in 0..2 {
+        let (status, body) = h
+            .chat(
+                None,
+                json!({"model": "m", "messages": [user("my balance?")]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(h.upstream.received().len(), 2);
+
+    ask(&h, "reuse", "my balance?", &[]).await;
+    h.client
+        .delete(format!("{}/v1/sessions/reuse/history", h.url))
+        .send()
+        .await
+        .unwrap();
+    let (_, cache, _) = ask(&h, "reuse", "my balance?", &[]).await;
+    assert_eq!(cache.as_deref(), Some("miss"), "an answer survived a reset");
+    h.client
+        .post(format!("{}/v1/sessions/reuse/end", h.url))
+        .send()
+        .await
+        .unwrap();
+    let (_, cache, _) = ask(&h, "reuse", "my balance?", &[]).await;
+    assert_eq!(
+        cache.as_deref(),
+        Some("miss"),
+        "an answer survived the session"
+    );
+}
+
+#[tokio::test]
+async fn request_parameters_and_truncated_answers_keep_answers_apart() {
+    let h = Harness::start("[cache]\nexact_match = true\n", "").await;
+    ask(&h, "p", "Describe it", &[]).await;
+    let (status, _) = h
+        .chat(
+            Some("p"),
+            json!({"model": "m", "response_format": {"type": "json_object"},
+                   "messages": [user("Describe it")]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        h.upstream.received().len(),
+        2,
+        "a JSON-mode request got a text answer"
+    );
+
+    h.upstream.push(Reply::Json {
+        status: 200,
+        body: json!({"choices": [{"index": 0, "finish_reason": "length",
+                                  "message": {"role": "assistant", "content": "It is a lo"}}]}),
+        headers: vec![],
+    });
+    ask(&h, "t", "Long story", &[]).await;
+    let (_, cache, _) = ask(&h, "t", "Long story", &[]).await;
+    assert_eq!(
+        cache.as_deref(),
+        Some("miss"),
+        "a truncated answer was cached"
+    );
+}

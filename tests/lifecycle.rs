@@ -229,3 +229,71 @@ async fn ending_a_session_mid_reply_records_the_reply_first() {
     hook.wait_for(Duration::from_secs(3), |e| e["session_id"] == "mid")
         .await;
 }
+
+#[tokio::test]
+async fn eviction_never_cuts_a_reply_in_flight() {
+    let hook = WebhookReceiver::start(0).await;
+    let config = format!(
+        "[session]\nmax_sessions = 1\n{}",
+        webhook_config(&hook.url, "RECALL_TEST_UNSET", "")
+    );
+    let h = Harness::start(&config, "").await;
+    h.upstream
+        .push(sse_text(&["a ", "b ", "c"], Duration::from_millis(300)));
+    let resp = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", "streaming")
+        .json(&json!({"model": "m", "stream": true, "messages": [user("go")]}))
+        .send()
+        .await
+        .unwrap();
+    // A second session takes the count over the limit while the first streams.
+    h.say("newcomer", "hi").await;
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("[DONE]"), "{text}");
+    assert_eq!(
+        h.transcript("streaming").await,
+        ["user: go", "assistant: a b c"]
+    );
+}
+
+#[tokio::test]
+async fn a_redirecting_webhook_is_a_failed_delivery() {
+    // The receiver answers 308 to everything: nothing may count as delivered.
+    let router = axum::Router::new().fallback(|| async {
+        (
+            axum::http::StatusCode::PERMANENT_REDIRECT,
+            [("location", "http://127.0.0.1:9/elsewhere")],
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = {
+        let hits = std::sync::Arc::clone(&hits);
+        router.layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let hits = std::sync::Arc::clone(&hits);
+                async move {
+                    hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    next.run(req).await
+                }
+            },
+        ))
+    };
+    tokio::spawn(async move { axum::serve(listener, counted).await });
+    let h = Harness::start(
+        &webhook_config(&url, "RECALL_TEST_UNSET", "max_retries = 2"),
+        "",
+    )
+    .await;
+    h.say("r", "hi").await;
+    h.api(Method::POST, "/v1/sessions/r/end", None).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "every attempt is retried"
+    );
+}

@@ -59,52 +59,48 @@ pub async fn completions(
     }
     let now = now_ms();
 
-    let (window, turn, flight, session_instructions) = match &session_id {
+    let prepared = match &session_id {
         Some(id) => {
             let (mut prepared, flight) =
                 open_turn(&app, id, &conversation, user.as_deref(), now).await?;
             // The user's message is durable before anything depends on it.
-            if let Err(e) = std::mem::replace(&mut prepared.durable, Ticket::ready())
-                .durable()
-                .await
-            {
+            let durable = std::mem::replace(&mut prepared.durable, Ticket::ready());
+            if let Err(e) = durable.durable().await {
                 flight.failed("memory storage is unavailable");
                 return Err(e.into());
             }
-            let turn = TurnInfo {
-                turn_id: prepared.turn_id,
-            };
-            (
-                prepared.window,
-                Some(turn),
-                flight,
-                prepared.system_messages,
-            )
+            (prepared, flight)
         }
         // Stateless: the client manages its own history; send it as is.
         None => (
-            conversation,
-            None,
+            session::Prepared::stateless(conversation),
             Arc::new(InFlight::stateless()),
-            Vec::new(),
         ),
     };
+    let (
+        session::Prepared {
+            turn_id,
+            window,
+            system_messages,
+            incarnation,
+            ..
+        },
+        flight,
+    ) = prepared;
+    let turn = session_id.as_ref().map(|_| TurnInfo { turn_id });
     let all_instructions: Vec<Message> = app
         .instructions
         .iter()
         .cloned()
-        .chain(session_instructions)
+        .chain(system_messages)
         .chain(instructions)
         .collect();
 
-    let cache_key = cache_key(
-        &app,
-        &body,
-        session_id.as_deref(),
-        &model,
-        &all_instructions,
-        &window,
-    );
+    let scope = session_id.as_deref().map(|id| (id, incarnation));
+    let cache_key = app
+        .cache
+        .as_ref()
+        .and_then(|c| c.key(scope, &model, &all_instructions, window.last(), &body));
     if let Some(key) = cache_key.filter(|_| !bypass_cache(&headers)) {
         if let Some(answer) = app.cache.as_ref().and_then(|c| c.get(&key)) {
             return answer_from_cache(&app, &flight, &body, &model, &answer, now).await;
@@ -112,9 +108,9 @@ pub async fn completions(
     }
     if let (Some(key), Some(_)) = (cache_key, &app.cache) {
         let app = Arc::clone(&app);
-        flight.on_complete(Box::new(move |reply| {
+        flight.on_complete(Box::new(move |reply, finish_reason| {
             if let Some(cache) = &app.cache {
-                cache.put(key, reply);
+                cache.put(key, reply, finish_reason);
             }
         }));
     }
@@ -199,28 +195,6 @@ fn bypass_cache(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"bypass"))
 }
 
-fn cache_key(
-    app: &App,
-    body: &Map<String, Value>,
-    session_id: Option<&str>,
-    model: &str,
-    instructions: &[Message],
-    window: &[Message],
-) -> Option<cache::Key> {
-    let cache = app.cache.as_ref()?;
-    let has_tools = ["tools", "functions"].iter().any(|k| {
-        body.get(*k)
-            .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
-    });
-    cache.key(
-        session_id.unwrap_or_default(),
-        model,
-        instructions,
-        window.last(),
-        has_tools,
-    )
-}
-
 /// Answers from the cache, in the shape the client asked for, and records
 /// the answer like any reply (`metadata.source = "cache"`).
 async fn answer_from_cache(
@@ -237,7 +211,10 @@ async fn answer_from_cache(
         .metadata_mut()
         .insert("source".into(), Value::String("cache".into()));
     flight.started(now);
-    flight.completed_whole(reply).durable().await?;
+    flight
+        .completed_whole(reply, Some("stop".into()))
+        .durable()
+        .await?;
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let mut response = if stream {
         let usage = body

@@ -91,6 +91,7 @@ impl Session {
         let old = std::mem::replace(&mut st.messages, messages);
         st.first_seq += old.len() as u64;
         st.turn_id = turn;
+        st.incarnation = super::next_incarnation();
         let mut ops = vec![Op::Clear {
             id: self.id.clone(),
         }];
@@ -135,6 +136,7 @@ impl Session {
         st.first_seq += cleared as u64;
         st.messages.clear();
         st.turn_id = 0;
+        st.incarnation = super::next_incarnation();
         let ops = vec![Op::Clear {
             id: self.id.clone(),
         }];

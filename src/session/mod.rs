@@ -52,7 +52,6 @@ pub struct Session {
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
     turn_id: u64,
     messages: Vec<Message>,
@@ -66,6 +65,26 @@ struct State {
     users: Vec<String>,
     /// Set when the session ends; a request still holding it starts anew.
     ended: bool,
+    incarnation: u64,
+    /// Where the last window sent upstream began (by sequence number), so
+    /// that a trim event is sent when it moves, not on every turn.
+    window_from: u64,
+}
+
+impl State {
+    fn new(meta: Meta) -> Self {
+        Self {
+            turn_id: meta.turn_id,
+            messages: Vec::new(),
+            first_seq: meta.first_seq,
+            active: None,
+            system_messages: meta.system_messages,
+            users: meta.users,
+            ended: false,
+            incarnation: next_incarnation(),
+            window_from: meta.first_seq,
+        }
+    }
 }
 
 /// A copy of a session's memory.
@@ -81,8 +100,31 @@ pub struct Prepared {
     pub turn_id: u64,
     pub window: Vec<Message>,
     pub system_messages: Vec<Message>,
+    /// Changes when the history is reset or replaced (see `State`).
+    pub incarnation: u64,
     /// Resolves when the appended messages are durable.
     pub durable: Ticket,
+}
+
+impl Prepared {
+    /// A request without a session: its own messages are the window.
+    pub fn stateless(conversation: Vec<Message>) -> Self {
+        Self {
+            turn_id: 0,
+            window: conversation,
+            system_messages: Vec::new(),
+            incarnation: 0,
+            durable: Ticket::ready(),
+        }
+    }
+}
+
+/// A number no other session history in this process has had: what the
+/// answer cache keys a session's answers by, so that a reset or a reused
+/// id never serves answers from an earlier conversation.
+fn next_incarnation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Why a turn could not begin.
@@ -110,7 +152,7 @@ impl Session {
             id: id.to_owned(),
             created_ms: now_ms,
             last_active_ms: AtomicI64::new(now_ms),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State::new(Meta::default())),
         }
     }
 
@@ -122,13 +164,8 @@ impl Session {
             created_ms: meta.created_ms,
             last_active_ms: AtomicI64::new(meta.last_active_ms),
             state: Mutex::new(State {
-                turn_id: meta.turn_id,
                 messages,
-                first_seq: meta.first_seq,
-                active: None,
-                system_messages: meta.system_messages,
-                users: meta.users,
-                ended: false,
+                ..State::new(meta)
             }),
         }
     }
@@ -288,14 +325,22 @@ impl Session {
             chars: policy.history.window_chars,
         };
         let start = window::window_start(&st.messages, limits);
+        let from = st.first_seq + start as u64;
         if start > 0 {
             let reason = window::trim_reason(&st.messages, limits, start);
-            self.trimmed(policy, TrimScope::Window, reason, start);
+            policy
+                .counters
+                .add_trimmed(TrimScope::Window, reason, start);
+            if from != st.window_from {
+                self.trimmed(policy, TrimScope::Window, reason, start);
+            }
         }
+        st.window_from = from;
         Prepared {
             turn_id: st.turn_id,
             window: st.messages[start..].to_vec(),
             system_messages: st.system_messages.clone(),
+            incarnation: st.incarnation,
             durable: self.persist(st, policy, ops),
         }
     }
@@ -309,13 +354,15 @@ impl Session {
                 id: self.id.clone(),
                 seq: st.first_seq,
             });
+            policy
+                .counters
+                .add_trimmed(TrimScope::History, TrimReason::MaxMessages, drop);
             self.trimmed(policy, TrimScope::History, TrimReason::MaxMessages, drop);
         }
     }
 
-    /// Counts a trim, logs it, and tells the webhook when it asks to know.
+    /// Logs a trim, and tells the webhook when it asks to know.
     fn trimmed(&self, policy: &Policy, scope: TrimScope, reason: TrimReason, n: usize) {
-        policy.counters.add_trimmed(scope, reason, n);
         tracing::debug!(session = %self.id, ?scope, ?reason, removed = n, "history trimmed");
         if policy.notifier.wants("history_trimmed") {
             policy.notifier.notify(Event::HistoryTrimmed {
