@@ -184,25 +184,26 @@ mod tests {
         let c = cache(CacheScope::Session);
         let q = Message::new("user", "hours?");
         let sys = [Message::new("system", "be brief")];
-        let k = c.key("s1", "m", &sys, Some(&q), false).unwrap();
-        assert_eq!(c.key("s1", "m", &sys, Some(&q), false), Some(k));
-        assert_ne!(c.key("s2", "m", &sys, Some(&q), false), Some(k));
-        assert_ne!(c.key("s1", "m2", &sys, Some(&q), false), Some(k));
-        assert_ne!(c.key("s1", "m", &[], Some(&q), false), Some(k));
-        assert!(c.key("s1", "m", &sys, Some(&q), true).is_none());
-        assert!(c
-            .key(
-                "s1",
-                "m",
-                &sys,
-                Some(&Message::new("assistant", "x")),
-                false
-            )
-            .is_none());
+        let body = |v: Value| v.as_object().cloned().unwrap();
+        let plain = body(json!({"model": "m", "stream": true, "messages": []}));
+        let s1 = Some(("s1", 1));
+        let k = c.key(s1, "m", &sys, Some(&q), &plain).unwrap();
+        assert_eq!(c.key(s1, "m", &sys, Some(&q), &body(json!({}))), Some(k));
+        assert_ne!(c.key(Some(("s1", 2)), "m", &sys, Some(&q), &plain), Some(k));
+        assert_ne!(c.key(Some(("s2", 1)), "m", &sys, Some(&q), &plain), Some(k));
+        assert_ne!(c.key(s1, "m2", &sys, Some(&q), &plain), Some(k));
+        assert_ne!(c.key(s1, "m", &[], Some(&q), &plain), Some(k));
+        let json_mode = body(json!({"response_format": {"type": "json_object"}}));
+        assert_ne!(c.key(s1, "m", &sys, Some(&q), &json_mode), Some(k));
+        let tools = body(json!({"tools": [{"type": "function"}]}));
+        assert!(c.key(s1, "m", &sys, Some(&q), &tools).is_none());
+        let other = Message::new("assistant", "x");
+        assert!(c.key(s1, "m", &sys, Some(&other), &plain).is_none());
+        assert!(c.key(None, "m", &sys, Some(&q), &plain).is_none());
         let g = cache(CacheScope::Global);
         assert_eq!(
-            g.key("s1", "m", &sys, Some(&q), false),
-            g.key("s2", "m", &sys, Some(&q), false)
+            g.key(s1, "m", &sys, Some(&q), &plain),
+            g.key(None, "m", &sys, Some(&q), &plain)
         );
     }
 
