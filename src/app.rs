@@ -81,7 +81,7 @@ impl App {
         if admin_token.is_none() {
             tracing::warn!("the /v1/sessions API is open: set [admin] token_env to protect it");
         }
-        Ok(Arc::new(Self {
+        let app = Arc::new(Self {
             cache: AnswerCache::new(&config.cache),
             config,
             sessions: Store::default(),
@@ -92,7 +92,17 @@ impl App {
             admin_token,
             sweep_now: Arc::new(Notify::new()),
             instructions,
-        }))
+        });
+        // Another replica asks for this one's reply in flight to stop.
+        let weak = Arc::downgrade(&app);
+        app.policy.storage.on_interrupt(Box::new(move |id| {
+            if let Some(app) = weak.upgrade() {
+                if let Some(flight) = app.sessions.get(id).and_then(|s| s.in_flight()) {
+                    flight.interrupt(None);
+                }
+            }
+        }));
+        Ok(app)
     }
 }
 

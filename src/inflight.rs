@@ -18,7 +18,7 @@ use crate::accumulate::{Event, ReplyAccumulator};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::session::{Policy, Session};
-use crate::storage::Ticket;
+use crate::storage::{Claim, Ticket};
 use crate::turns;
 
 /// Writes a reply's record into its session.
@@ -46,6 +46,9 @@ pub struct InFlight {
 
 #[derive(Default)]
 struct Progress {
+    /// The session's lease with shared storage, given up once the record
+    /// is written.
+    claim: Option<Claim>,
     /// What was handed to the client's connection.
     relayed: ReplyAccumulator,
     /// What the upstream sent.
@@ -110,6 +113,16 @@ impl InFlight {
     /// (the answer cache stores it).
     pub fn on_complete(&self, f: OnComplete) {
         self.progress().on_complete = Some(f);
+    }
+
+    /// Holds the session's claim until the reply is recorded.
+    pub fn hold(&self, claim: Claim) {
+        let mut p = self.progress();
+        if p.outcome == Outcome::Open {
+            p.claim = Some(claim);
+        } else if let Some(r) = &self.recorder {
+            let _ = r.policy.storage.release(claim);
+        }
     }
 
     pub fn started(&self, at_ms: i64) {
@@ -301,7 +314,12 @@ impl InFlight {
             return (None, Ticket::ready());
         };
         let reply = reply.map(|r| self.stamped(r, p.started_ms));
-        recorder.session.finish(self, reply, &recorder.policy)
+        let recorded = recorder.session.finish(self, reply, &recorder.policy);
+        if let Some(claim) = p.claim.take() {
+            // Queued after the record, so the next holder reads it.
+            let _ = recorder.policy.storage.release(claim);
+        }
+        recorded
     }
 
     fn update(&self, seq: Option<u64>, change: impl FnOnce(&mut Message)) -> Ticket {

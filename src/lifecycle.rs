@@ -8,9 +8,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::app::App;
+use crate::config::OnNewRequest;
 use crate::relay::now_ms;
 use crate::session::{EndWhen, Session};
 use crate::storage::StorageError;
+use crate::storage::Wait;
 use crate::webhook::{EndReason, Event};
 
 /// How often idle sessions are looked for.
@@ -36,9 +38,37 @@ async fn end_when(
     reason: EndReason,
     when: EndWhen,
 ) -> Result<Option<Event>, StorageError> {
+    let storage = &app.policy.storage;
+    let mut claim = None;
+    let mut session = Arc::clone(session);
+    if storage.shared() {
+        // Across replicas the lease decides who ends a session: the one
+        // holding it, which then finds it gone if another ended it first.
+        let wait = match when {
+            EndWhen::Always => {
+                session.settle(OnNewRequest::Interrupt).ok();
+                Wait::Interrupt
+            }
+            _ => Wait::No,
+        };
+        let Some(c) = storage.claim(&session.id, wait).await? else {
+            return Ok(None);
+        };
+        claim = Some(c);
+        match app.sessions.find(&session.id, storage).await {
+            Ok(Some(fresh)) => session = fresh,
+            other => {
+                let _ = claim.map(|c| storage.release(c));
+                return other.map(|_| None);
+            }
+        }
+    }
     let Some((ended, ticket)) = session.end(&app.policy, when) else {
+        let _ = claim.map(|c| storage.release(c));
         return Ok(None);
     };
+    let _ = claim.map(|c| storage.release(c));
+    let session = &session;
     app.sessions.remove(session);
     app.counters.session_ended();
     let event = Event::SessionEnded {

@@ -15,12 +15,13 @@ use serde_json::{Map, Value};
 
 use crate::app::App;
 use crate::cache;
+use crate::config::OnNewRequest;
 use crate::error::{ApiError, RequestError};
 use crate::inflight::InFlight;
 use crate::message::{parse_messages, Message};
 use crate::relay::{self, now_ms, Exchange};
 use crate::session::{self, Refused};
-use crate::storage::Ticket;
+use crate::storage::{Ticket, Wait};
 use crate::vendor::{self, TurnInfo};
 
 pub async fn completions(
@@ -164,15 +165,45 @@ async fn open_turn(
     user: Option<&str>,
     now: i64,
 ) -> Result<(session::Prepared, Arc<InFlight>), ApiError> {
+    let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
+    let storage = &app.policy.storage;
     loop {
-        let (session, created) = app.sessions.open(id, &app.policy.storage, now).await?;
+        let claim = if storage.shared() {
+            // This process's own reply first, then the other replicas'.
+            if let Some(local) = app.sessions.get(id) {
+                local
+                    .settle(app.policy.on_new_request)
+                    .map_err(|_| busy())?;
+            }
+            let wait = match app.policy.on_new_request {
+                OnNewRequest::Interrupt => Wait::Interrupt,
+                OnNewRequest::Reject => Wait::No,
+            };
+            Some(storage.claim(id, wait).await?.ok_or_else(busy)?)
+        } else {
+            None
+        };
+        // With shared storage this reads what the previous holder wrote.
+        let (session, created) = app.sessions.open(id, storage, now).await?;
         if created {
             app.session_created();
         }
         match session.begin(&app.policy, conversation, user, now) {
-            Ok(begun) => return Ok(begun),
-            Err(Refused::Busy) => return Err(RequestError::Busy { id: id.to_owned() }.into()),
-            Err(Refused::Ended) => continue,
+            Ok((prepared, flight)) => {
+                if let Some(claim) = claim {
+                    flight.hold(claim);
+                }
+                return Ok((prepared, flight));
+            }
+            Err(refused) => {
+                if let Some(claim) = claim {
+                    let _ = storage.release(claim);
+                }
+                match refused {
+                    Refused::Busy => return Err(busy()),
+                    Refused::Ended => continue,
+                }
+            }
         }
     }
 }

@@ -12,13 +12,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::app::App;
+use crate::config::OnNewRequest;
 use crate::error::{ApiError, RequestError};
 use crate::interruption::Spoken;
 use crate::lifecycle;
 use crate::message::{parse_messages, Message};
 use crate::relay::now_ms;
 use crate::session::{Interrupted, Refused, Session, Summary};
-use crate::storage::Ticket;
+use crate::storage::{Claim, Ticket, Wait};
 use crate::webhook::{EndReason, Event};
 
 type Params = Path<HashMap<String, String>>;
@@ -50,28 +51,79 @@ async fn existing_or_new(
     Ok(session)
 }
 
+/// How a write treats a reply in flight: interrupt it (an operator's
+/// write wins), follow `on_new_request` (like a new turn), or wait for it.
+#[derive(Clone, Copy)]
+enum Turns {
+    Interrupt,
+    AsConfigured,
+    Wait,
+}
+
 /// Applies a write to the session (made first when `create`), waits until
 /// it is durable, and answers with the session and the write's result. A
-/// session that ended under the write is looked up again.
+/// session that ended under the write is looked up again. With shared
+/// storage the write holds the session's lease, like a turn.
 async fn write<T>(
     app: &App,
     params: &HashMap<String, String>,
     create: bool,
+    turns: Turns,
     op: impl Fn(&Arc<Session>) -> Result<(T, Ticket), Refused>,
 ) -> Result<(Arc<Session>, T), ApiError> {
+    let storage = &app.policy.storage;
     loop {
-        let session = if create {
-            existing_or_new(app, params).await?
+        let claim = if storage.shared() {
+            let local = app.sessions.get(id(params));
+            let wait = match turns {
+                Turns::Interrupt => Wait::Interrupt,
+                Turns::Wait => Wait::Patiently,
+                Turns::AsConfigured => match app.policy.on_new_request {
+                    OnNewRequest::Interrupt => Wait::Interrupt,
+                    OnNewRequest::Reject => Wait::No,
+                },
+            };
+            if let (Some(local), true) = (local, wait != Wait::Patiently) {
+                let policy = match wait {
+                    Wait::No => OnNewRequest::Reject,
+                    _ => OnNewRequest::Interrupt,
+                };
+                local.settle(policy).map_err(|r| refused(&local, r))?;
+            }
+            let busy = || RequestError::Busy {
+                id: id(params).to_owned(),
+            };
+            Some(storage.claim(id(params), wait).await?.ok_or_else(busy)?)
         } else {
-            existing(app, params).await?
+            None
+        };
+        let session = if create {
+            existing_or_new(app, params).await
+        } else {
+            existing(app, params).await
+        };
+        let release = |claim: Option<Claim>| claim.map(|c| storage.release(c));
+        let session = match session {
+            Ok(s) => s,
+            Err(e) => {
+                release(claim);
+                return Err(e);
+            }
         };
         match op(&session) {
             Ok((value, ticket)) => {
+                release(claim);
                 ticket.durable().await?;
                 return Ok((session, value));
             }
-            Err(Refused::Ended) => continue,
-            Err(r) => return Err(refused(&session, r)),
+            Err(Refused::Ended) => {
+                release(claim);
+                continue;
+            }
+            Err(r) => {
+                release(claim);
+                return Err(refused(&session, r));
+            }
         }
     }
 }
@@ -246,7 +298,7 @@ pub async fn replace_history(
     let body = json_body(body, app.config.server.max_body_bytes).await?;
     let messages = message_list(body, &["contents", "messages"])?;
     no_instructions(&messages)?;
-    let (session, count) = write(&app, &params, true, |s| {
+    let (session, count) = write(&app, &params, true, Turns::Interrupt, |s| {
         s.replace_history(&app.policy, messages.clone(), now_ms())
     })
     .await?;
@@ -265,7 +317,7 @@ pub async fn append(
     let body = json_body(body, app.config.server.max_body_bytes).await?;
     let messages = message_list(body, &["messages"])?;
     no_instructions(&messages)?;
-    let (session, stored) = write(&app, &params, true, |s| {
+    let (session, stored) = write(&app, &params, true, Turns::AsConfigured, |s| {
         s.append_messages(&app.policy, messages.clone(), now_ms())
     })
     .await?;
@@ -278,7 +330,7 @@ pub async fn clear_history(
     State(app): State<Arc<App>>,
     Path(params): Params,
 ) -> Result<Json<Value>, ApiError> {
-    let (session, cleared) = write(&app, &params, false, |s| {
+    let (session, cleared) = write(&app, &params, false, Turns::Interrupt, |s| {
         s.clear_history(&app.policy, now_ms())
     })
     .await?;
@@ -310,7 +362,7 @@ pub async fn set_system_messages(
         )
         .into());
     }
-    let (session, ()) = write(&app, &params, true, |s| {
+    let (session, ()) = write(&app, &params, true, Turns::Wait, |s| {
         let ticket = s.set_system_messages(&app.policy, messages.clone(), now_ms())?;
         Ok(((), ticket))
     })
@@ -382,8 +434,24 @@ pub async fn interrupt(
         } => Some(Spoken::Chars(n)),
         _ => None,
     };
-    let session = existing(&app, &params).await?;
-    let (was, record, ticket) = match session.interrupt(&app.policy, spoken.as_ref(), now_ms()) {
+    let storage = &app.policy.storage;
+    let local = app.sessions.get(id(&params)).filter(|s| s.is_busy());
+    // With shared storage the reply may stream on another replica: taking
+    // the lease asks that replica to cut it off and record it first.
+    let claim = match (&local, storage.shared()) {
+        (None, true) => storage.claim(id(&params), Wait::Interrupt).await?,
+        _ => None,
+    };
+    let session = match existing(&app, &params).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = claim.map(|c| storage.release(c));
+            return Err(e);
+        }
+    };
+    let outcome = session.interrupt(&app.policy, spoken.as_ref(), now_ms());
+    let _ = claim.map(|c| storage.release(c));
+    let (was, record, ticket) = match outcome {
         Interrupted::InFlight(m, t) => ("in_flight", m, t),
         Interrupted::Stored(m, t) => ("stored", m, t),
         Interrupted::NothingToInterrupt => {

@@ -185,6 +185,7 @@ impl Session {
         let ticket = if policy.storage.persistent() {
             policy.storage.submit(vec![Op::Delete {
                 id: self.id.clone(),
+                users: st.users.clone(),
             }])
         } else {
             Ticket::ready()

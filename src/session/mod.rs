@@ -268,6 +268,30 @@ impl Session {
         Ok((prepared, flight))
     }
 
+    /// Settles the reply in flight in this process, if any, as `policy`
+    /// says; with shared storage this comes before claiming the session,
+    /// so that a turn never waits on its own process's lease.
+    pub fn settle(&self, policy: OnNewRequest) -> Result<(), Refused> {
+        self.settled(policy).map(drop)
+    }
+
+    /// Replaces the local copy with what shared storage holds, unless a
+    /// reply is in flight here (then this process holds the session and
+    /// its copy is the newest).
+    pub fn reload(&self, loaded: Loaded) {
+        let mut st = self.state();
+        if st.active.is_some() || st.ended {
+            return;
+        }
+        let Loaded { meta, messages } = loaded;
+        self.last_active_ms
+            .fetch_max(meta.last_active_ms, Ordering::Relaxed);
+        *st = State {
+            messages,
+            ..State::new(meta)
+        };
+    }
+
     /// Settles the reply in flight, if any, as `policy` says, and returns
     /// the state with no reply in flight.
     fn settled(&self, policy: OnNewRequest) -> Result<MutexGuard<'_, State>, Refused> {
@@ -349,9 +373,11 @@ impl Session {
         let drop = window::keep_start(&st.messages, policy.history.max_messages);
         if drop > 0 {
             st.messages.drain(..drop);
+            let from = st.first_seq;
             st.first_seq += drop as u64;
             ops.push(Op::DropBefore {
                 id: self.id.clone(),
+                from,
                 seq: st.first_seq,
             });
             policy

@@ -27,7 +27,22 @@ impl Store {
         storage: &Storage,
     ) -> Result<Option<Arc<Session>>, StorageError> {
         if let Some(s) = self.get(id) {
-            return Ok(Some(s));
+            if !storage.shared() || s.is_busy() || storage.is_fresh(id).await? {
+                return Ok(Some(s));
+            }
+            // Another replica changed it, or ended it.
+            return match storage.load(id).await? {
+                Some(loaded) => {
+                    s.reload(loaded);
+                    Ok(Some(s))
+                }
+                None => {
+                    if !s.is_busy() {
+                        self.remove(&s);
+                    }
+                    Ok(None)
+                }
+            };
         }
         let Some(loaded) = storage.load(id).await? else {
             return Ok(None);

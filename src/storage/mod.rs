@@ -8,6 +8,7 @@
 //! depends on: a user message is durable before its upstream call, a reply
 //! before its `[DONE]` or body is released.
 
+pub mod redis;
 pub mod sqlite;
 
 use std::future::Future;
@@ -24,6 +25,8 @@ use crate::message::Message;
 pub enum StorageError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
     #[error("cannot create {path}: {source}")]
     Dir {
         path: String,
@@ -81,12 +84,15 @@ pub enum Op {
         seq: u64,
         message: Message,
     },
-    /// Drops messages older than `seq`.
-    DropBefore { id: String, seq: u64 },
+    /// Drops messages older than `seq` (the oldest was `from`).
+    DropBefore { id: String, from: u64, seq: u64 },
     /// Drops every message.
     Clear { id: String },
-    /// Forgets the session.
-    Delete { id: String },
+    /// Forgets the session (and that these users spoke in it).
+    Delete { id: String, users: Vec<String> },
+    /// Gives up a session's lease (shared storage only), after the writes
+    /// queued before it.
+    Release { id: String, token: String },
 }
 
 /// Resolves when the ops it was issued for are durable (or failed).
@@ -125,14 +131,23 @@ pub enum Storage {
     /// Nothing survives a restart.
     Memory,
     Sqlite(sqlite::Sqlite),
+    /// Shared by several replicas.
+    Redis(redis::Redis),
 }
+
+pub use self::redis::Wait;
+
+/// The right to change a session: with shared storage, its lease; with a
+/// process of its own, nothing (the session's own lock is enough).
+#[derive(Debug)]
+pub struct Claim(Option<redis::Lease>);
 
 impl Storage {
     pub async fn open(config: &StorageConfig) -> Result<Arc<Self>, StorageError> {
         Ok(Arc::new(match config.backend {
             StorageBackend::Memory => Storage::Memory,
             StorageBackend::Sqlite => Storage::Sqlite(sqlite::Sqlite::open(config).await?),
-            StorageBackend::Redis => return Err(StorageError::Task("redis: not built".into())),
+            StorageBackend::Redis => Storage::Redis(redis::Redis::open(config).await?),
         }))
     }
 
@@ -142,11 +157,56 @@ impl Storage {
         !matches!(self, Storage::Memory)
     }
 
+    /// Whether other processes share these sessions.
+    pub fn shared(&self) -> bool {
+        matches!(self, Storage::Redis(_))
+    }
+
     /// Queues ops; the ticket resolves when they are durable.
     pub fn submit(&self, ops: Vec<Op>) -> Ticket {
         match self {
             Storage::Memory => Ticket::ready(),
             Storage::Sqlite(s) => s.submit(ops),
+            Storage::Redis(r) => r.submit(ops),
+        }
+    }
+
+    /// Takes the right to change session `id`. `None` when another replica
+    /// holds it (after asking it to stop, if `wait` says so).
+    pub async fn claim(&self, id: &str, wait: Wait) -> Result<Option<Claim>, StorageError> {
+        match self {
+            Storage::Redis(r) => Ok(r.claim(id, wait).await?.map(|l| Claim(Some(l)))),
+            _ => Ok(Some(Claim(None))),
+        }
+    }
+
+    /// Gives a claim up once the writes queued before it are done.
+    pub fn release(&self, claim: Claim) -> Ticket {
+        match claim.0 {
+            Some(lease) => {
+                let op = Op::Release {
+                    id: lease.id.clone(),
+                    token: lease.token.clone(),
+                };
+                self.submit(vec![op])
+            }
+            None => Ticket::ready(),
+        }
+    }
+
+    /// Whether the local copy of a session is current. Only shared storage
+    /// can change behind this process's back.
+    pub async fn is_fresh(&self, id: &str) -> Result<bool, StorageError> {
+        match self {
+            Storage::Redis(r) => r.is_fresh(id).await,
+            _ => Ok(true),
+        }
+    }
+
+    /// What to do when another replica asks this one to interrupt a reply.
+    pub fn on_interrupt(&self, f: redis::OnInterrupt) {
+        if let Storage::Redis(r) = self {
+            r.on_interrupt(f);
         }
     }
 
@@ -164,6 +224,10 @@ impl Storage {
                 self.flush().await?;
                 s.load(id).await
             }
+            Storage::Redis(r) => {
+                self.flush().await?;
+                r.load(id).await
+            }
         }
     }
 
@@ -179,6 +243,7 @@ impl Storage {
         match self {
             Storage::Memory => Ok(Vec::new()),
             Storage::Sqlite(s) => s.list(after, limit, user).await,
+            Storage::Redis(r) => r.list(after, limit, user).await,
         }
     }
 
@@ -187,6 +252,7 @@ impl Storage {
         match self {
             Storage::Memory => Ok(0),
             Storage::Sqlite(s) => s.count().await,
+            Storage::Redis(r) => r.count().await,
         }
     }
 
@@ -196,6 +262,7 @@ impl Storage {
         match self {
             Storage::Memory => Ok(Vec::new()),
             Storage::Sqlite(s) => s.idle(cutoff_ms, limit).await,
+            Storage::Redis(r) => r.idle(cutoff_ms, limit).await,
         }
     }
 
@@ -205,6 +272,7 @@ impl Storage {
         match self {
             Storage::Memory => Ok(Vec::new()),
             Storage::Sqlite(s) => s.idle(i64::MAX, n).await,
+            Storage::Redis(r) => r.idle(i64::MAX, n).await,
         }
     }
 }

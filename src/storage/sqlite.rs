@@ -316,7 +316,7 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
                 )?
                 .execute(params![id, *seq as i64, to_json(message)?])?;
             }
-            Op::DropBefore { id, seq } => {
+            Op::DropBefore { id, seq, .. } => {
                 tx.prepare_cached("DELETE FROM messages WHERE session_id = ?1 AND seq < ?2")?
                     .execute(params![id, *seq as i64])?;
             }
@@ -324,12 +324,14 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
                 tx.prepare_cached("DELETE FROM messages WHERE session_id = ?1")?
                     .execute([id])?;
             }
-            Op::Delete { id } => {
+            Op::Delete { id, .. } => {
                 tx.prepare_cached("DELETE FROM messages WHERE session_id = ?1")?
                     .execute([id])?;
                 tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
                     .execute([id])?;
             }
+            // A process of its own needs no lease.
+            Op::Release { .. } => {}
         }
     }
     tx.commit()?;
