@@ -317,7 +317,11 @@ impl Harness {
     }
 
     pub async fn with_config(toml: &str, upstream: MockUpstream) -> Self {
-        let toml = format!("{toml}\n{}", storage_section());
+        let toml = if toml.contains("[storage]") {
+            toml.to_owned()
+        } else {
+            format!("{toml}\n{}", storage_section())
+        };
         let config = recall::Config::parse(&toml, std::path::Path::new("test.toml"))
             .unwrap_or_else(|e| panic!("{e}"));
         let app = recall::App::new(config).await.unwrap();

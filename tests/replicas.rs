@@ -1,0 +1,196 @@
+//! Several recall replicas on one Redis: one conversation, any replica.
+//! Needs `RECALL_TEST_REDIS_URL`; `.ci/run` starts a Redis server for it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+use reqwest::Method;
+use serde_json::json;
+
+/// Two replicas' configs on the same Redis keys, or `None` (with a loud
+/// note) when no Redis is given.
+fn shared(extra: &str) -> Option<String> {
+    let Ok(url) = std::env::var("RECALL_TEST_REDIS_URL") else {
+        assert!(std::env::var("CI").is_err(), "CI must provide RECALL_TEST_REDIS_URL");
+        eprintln!("\n*** SKIPPED: multi-replica tests need RECALL_TEST_REDIS_URL (`.ci/run` provides it) ***\n");
+        return None;
+    };
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Some(format!(
+        "[storage]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"r{}-{n}\"\nlease_ms = 1000\n{extra}\n",
+        std::process::id()
+    ))
+}
+
+async fn pair(extra: &str) -> Option<(Harness, Harness, MockUpstream)> {
+    let config = shared(extra)?;
+    let upstream = MockUpstream::start().await;
+    let toml = format!("{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n", upstream.base_url());
+    let a = Harness::with_config(&toml, upstream.clone()).await;
+    let b = Harness::with_config(&toml, upstream.clone()).await;
+    Some((a, b, upstream))
+}
+
+#[tokio::test]
+async fn replicas_take_turns_in_one_conversation() {
+    let Some((a, b, upstream)) = pair("").await else { return };
+    for (i, replica) in [&a, &b, &a, &b, &b, &a].into_iter().enumerate() {
+        replica.say("shared", &format!("turn {i}")).await;
+    }
+    let sent = upstream.last().transcript();
+    assert_eq!(sent.len(), 11, "{sent:?}");
+    assert_eq!(sent[10], "user: turn 5");
+    assert_eq!(sent[9], "assistant: reply 5");
+    // Both replicas show the same memory.
+    let (ha, hb) = (a.history("shared").await.1, b.history("shared").await.1);
+    assert_eq!(ha, hb);
+    assert_eq!(ha["turn_id"], 6);
+    let turns: Vec<u64> = ha["contents"].as_array().unwrap().iter().map(|m| m["turn_id"].as_u64().unwrap()).collect();
+    assert_eq!(turns, [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]);
+    // Session API writes on one replica are read on the other.
+    a.api(
+        Method::PUT,
+        "/v1/sessions/shared/system_messages",
+        Some(json!({"system_messages": [system("from replica a")]})),
+    )
+    .await;
+    b.say("shared", "after the update").await;
+    assert_eq!(upstream.last().transcript()[0], "system: from replica a");
+    let (_, list) = b.api(Method::GET, "/v1/sessions", None).await;
+    assert_eq!(list["data"][0]["id"], "shared");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barge_in_on_another_replica_interrupts_the_streaming_one() {
+    for round in 0..5 {
+        let Some((a, b, upstream)) = pair("").await else { return };
+        let gap = Duration::from_millis(200);
+        upstream.push(sse_text(&["Why did ", "the scarecrow ", "win ", "an award?"], gap));
+        let resp = a
+            .client
+            .post(format!("{}/v1/chat/completions", a.url))
+            .header("x-session-id", "barge")
+            .json(&json!({"model": "m", "stream": true, "messages": [user("joke?")]}))
+            .send()
+            .await
+            .unwrap();
+        let mut stream = resp.bytes_stream();
+        let mut seen = String::new();
+        while !seen.contains("Why did") {
+            seen.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
+        }
+        let sent = Instant::now();
+        b.say("barge", "story instead").await;
+        let took = sent.elapsed();
+        assert!(took < gap * 2, "round {round}: B waited {took:?}");
+        // A's client sees its stream end without [DONE].
+        let mut rest = String::new();
+        while let Some(Ok(chunk)) = stream.next().await {
+            rest.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        assert!(!rest.contains("[DONE]"), "round {round}: {rest}");
+        for replica in [&a, &b] {
+            let (_, hist) = replica.history("barge").await;
+            let c = hist["contents"].as_array().unwrap();
+            let view: Vec<(&str, &str)> = c
+                .iter()
+                .map(|m| (m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect();
+            assert_eq!(
+                view,
+                [("user", "joke?"), ("assistant", "Why did "), ("user", "story instead"), ("assistant", "reply 2")],
+                "round {round}"
+            );
+            assert_eq!(c[1]["metadata"]["interrupted"], true);
+        }
+        assert_eq!(
+            upstream.last().transcript(),
+            ["user: joke?", "assistant: Why did ", "user: story instead"]
+        );
+    }
+}
+
+#[tokio::test]
+async fn expiry_ends_a_session_once_across_replicas() {
+    let hook = WebhookReceiver::start(0).await;
+    let Some((a, b, _)) = pair(&format!(
+        "[session]\nttl_secs = 1\n[webhook]\nurl = \"{}\"\nretry_backoff_ms = 50\n",
+        hook.url
+    ))
+    .await
+    else {
+        return;
+    };
+    for i in 0..5 {
+        a.say(&format!("exp-{i}"), "hi").await;
+        b.say(&format!("exp-{i}"), "again").await;
+    }
+    for i in 0..5 {
+        hook.wait_for(Duration::from_secs(6), |e| e["session_id"] == format!("exp-{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let events = hook.events();
+    assert_eq!(events.len(), 5, "{:?}", events.iter().map(|e| &e.2["session_id"]).collect::<Vec<_>>());
+    for (_, _, e) in &events {
+        assert_eq!(e["reason"], "expired");
+        assert_eq!(e["contents"].as_array().unwrap().len(), 4, "{e}");
+    }
+    assert_eq!(a.history("exp-0").await.0, 404);
+    assert_eq!(b.history("exp-0").await.0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_killed_mid_stream_does_not_block_the_next_turn() {
+    let Some(config) = shared("[server]\nlisten = \"127.0.0.1:0\"\n") else { return };
+    let upstream = MockUpstream::start().await;
+    let toml = format!("{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n", upstream.base_url());
+    // Replica A is a real process, so that it can die for real.
+    let dir = std::env::temp_dir().join(format!("recall-replicas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("a.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
+        .arg("--config")
+        .arg(&path)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(at) = line.find("addr=") {
+            break format!("http://{}", line[at + 5..].split_whitespace().next().unwrap());
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+
+    upstream.push(sse_text(&["one ", "two ", "three"], Duration::from_millis(500)));
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-session-id", "orphan")
+        .json(&json!({"model": "m", "stream": true, "messages": [user("count")]}))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    let _ = stream.next().await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let b = Harness::with_config(&toml, upstream.clone()).await;
+    let started = Instant::now();
+    b.say("orphan", "still there?").await;
+    // B waited for the dead replica's lease to lapse (lease_ms = 1000), no longer.
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert_eq!(
+        b.transcript("orphan").await,
+        ["user: count", "user: still there?", "assistant: reply 2"]
+    );
+}
