@@ -14,7 +14,10 @@ use serde_json::json;
 /// note) when no Redis is given.
 fn shared(extra: &str) -> Option<String> {
     let Ok(url) = std::env::var("RECALL_TEST_REDIS_URL") else {
-        assert!(std::env::var("CI").is_err(), "CI must provide RECALL_TEST_REDIS_URL");
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must provide RECALL_TEST_REDIS_URL"
+        );
         eprintln!("\n*** SKIPPED: multi-replica tests need RECALL_TEST_REDIS_URL (`.ci/run` provides it) ***\n");
         return None;
     };
@@ -29,7 +32,10 @@ fn shared(extra: &str) -> Option<String> {
 async fn pair(extra: &str) -> Option<(Harness, Harness, MockUpstream)> {
     let config = shared(extra)?;
     let upstream = MockUpstream::start().await;
-    let toml = format!("{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n", upstream.base_url());
+    let toml = format!(
+        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        upstream.base_url()
+    );
     let a = Harness::with_config(&toml, upstream.clone()).await;
     let b = Harness::with_config(&toml, upstream.clone()).await;
     Some((a, b, upstream))
@@ -37,7 +43,9 @@ async fn pair(extra: &str) -> Option<(Harness, Harness, MockUpstream)> {
 
 #[tokio::test]
 async fn replicas_take_turns_in_one_conversation() {
-    let Some((a, b, upstream)) = pair("").await else { return };
+    let Some((a, b, upstream)) = pair("").await else {
+        return;
+    };
     for (i, replica) in [&a, &b, &a, &b, &b, &a].into_iter().enumerate() {
         replica.say("shared", &format!("turn {i}")).await;
     }
@@ -49,7 +57,12 @@ async fn replicas_take_turns_in_one_conversation() {
     let (ha, hb) = (a.history("shared").await.1, b.history("shared").await.1);
     assert_eq!(ha, hb);
     assert_eq!(ha["turn_id"], 6);
-    let turns: Vec<u64> = ha["contents"].as_array().unwrap().iter().map(|m| m["turn_id"].as_u64().unwrap()).collect();
+    let turns: Vec<u64> = ha["contents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["turn_id"].as_u64().unwrap())
+        .collect();
     assert_eq!(turns, [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]);
     // Session API writes on one replica are read on the other.
     a.api(
@@ -67,9 +80,14 @@ async fn replicas_take_turns_in_one_conversation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn barge_in_on_another_replica_interrupts_the_streaming_one() {
     for round in 0..5 {
-        let Some((a, b, upstream)) = pair("").await else { return };
+        let Some((a, b, upstream)) = pair("").await else {
+            return;
+        };
         let gap = Duration::from_millis(200);
-        upstream.push(sse_text(&["Why did ", "the scarecrow ", "win ", "an award?"], gap));
+        upstream.push(sse_text(
+            &["Why did ", "the scarecrow ", "win ", "an award?"],
+            gap,
+        ));
         let resp = a
             .client
             .post(format!("{}/v1/chat/completions", a.url))
@@ -81,7 +99,9 @@ async fn barge_in_on_another_replica_interrupts_the_streaming_one() {
         let mut stream = resp.bytes_stream();
         let mut seen = String::new();
         while !seen.contains("Why did") {
-            seen.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
+            seen.push_str(&String::from_utf8_lossy(
+                &stream.next().await.unwrap().unwrap(),
+            ));
         }
         let sent = Instant::now();
         b.say("barge", "story instead").await;
@@ -102,7 +122,12 @@ async fn barge_in_on_another_replica_interrupts_the_streaming_one() {
                 .collect();
             assert_eq!(
                 view,
-                [("user", "joke?"), ("assistant", "Why did "), ("user", "story instead"), ("assistant", "reply 2")],
+                [
+                    ("user", "joke?"),
+                    ("assistant", "Why did "),
+                    ("user", "story instead"),
+                    ("assistant", "reply 2")
+                ],
                 "round {round}"
             );
             assert_eq!(c[1]["metadata"]["interrupted"], true);
@@ -130,11 +155,22 @@ async fn expiry_ends_a_session_once_across_replicas() {
         b.say(&format!("exp-{i}"), "again").await;
     }
     for i in 0..5 {
-        hook.wait_for(Duration::from_secs(6), |e| e["session_id"] == format!("exp-{i}")).await;
+        hook.wait_for(Duration::from_secs(6), |e| {
+            e["session_id"] == format!("exp-{i}")
+        })
+        .await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let events = hook.events();
-    assert_eq!(events.len(), 5, "{:?}", events.iter().map(|e| &e.2["session_id"]).collect::<Vec<_>>());
+    assert_eq!(
+        events.len(),
+        5,
+        "{:?}",
+        events
+            .iter()
+            .map(|e| &e.2["session_id"])
+            .collect::<Vec<_>>()
+    );
     for (_, _, e) in &events {
         assert_eq!(e["reason"], "expired");
         assert_eq!(e["contents"].as_array().unwrap().len(), 4, "{e}");
@@ -145,9 +181,14 @@ async fn expiry_ends_a_session_once_across_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_killed_mid_stream_does_not_block_the_next_turn() {
-    let Some(config) = shared("[server]\nlisten = \"127.0.0.1:0\"\n") else { return };
+    let Some(config) = shared("[server]\nlisten = \"127.0.0.1:0\"\n") else {
+        return;
+    };
     let upstream = MockUpstream::start().await;
-    let toml = format!("{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n", upstream.base_url());
+    let toml = format!(
+        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        upstream.base_url()
+    );
     // Replica A is a real process, so that it can die for real.
     let dir = std::env::temp_dir().join(format!("recall-replicas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -165,12 +206,18 @@ async fn a_replica_killed_mid_stream_does_not_block_the_next_turn() {
     let url = loop {
         let line = lines.next().unwrap().unwrap();
         if let Some(at) = line.find("addr=") {
-            break format!("http://{}", line[at + 5..].split_whitespace().next().unwrap());
+            break format!(
+                "http://{}",
+                line[at + 5..].split_whitespace().next().unwrap()
+            );
         }
     };
     std::thread::spawn(move || for _ in lines {});
 
-    upstream.push(sse_text(&["one ", "two ", "three"], Duration::from_millis(500)));
+    upstream.push(sse_text(
+        &["one ", "two ", "three"],
+        Duration::from_millis(500),
+    ));
     let client = reqwest::Client::new();
     let resp = client
         .post(format!("{url}/v1/chat/completions"))
@@ -188,7 +235,11 @@ async fn a_replica_killed_mid_stream_does_not_block_the_next_turn() {
     let started = Instant::now();
     b.say("orphan", "still there?").await;
     // B waited for the dead replica's lease to lapse (lease_ms = 1000), no longer.
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(
         b.transcript("orphan").await,
         ["user: count", "user: still there?", "assistant: reply 2"]
