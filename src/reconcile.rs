@@ -37,7 +37,11 @@ pub struct Reconciled {
 /// request, and what comes before it counts as already seen.
 pub fn reconcile(history: &[Message], incoming: &[Message], front_dropped: bool) -> Reconciled {
     let mut best = Reconciled::default();
-    for start in 0..history.len() {
+    // An alignment uses up every stored message from its start on, each
+    // either matched by one sent message or skipped: starts earlier than
+    // this cannot line up, so the cost follows the request, not the history.
+    let earliest = earliest_start(history, incoming.len());
+    for start in earliest..history.len() {
         if best.overlap == incoming.len() {
             return best;
         }
@@ -47,7 +51,7 @@ pub fn reconcile(history: &[Message], incoming: &[Message], front_dropped: bool)
             }
         }
     }
-    if front_dropped && !history.is_empty() {
+    if front_dropped && earliest == 0 && !history.is_empty() {
         for skip in 1..incoming.len() {
             if best.overlap == incoming.len() {
                 break;
@@ -61,6 +65,27 @@ pub fn reconcile(history: &[Message], incoming: &[Message], front_dropped: bool)
         }
     }
     best
+}
+
+/// The first index from which the history holds at most `sent` messages
+/// that a request must match (those it may leave out are not counted).
+fn earliest_start(history: &[Message], sent: usize) -> usize {
+    let mut needed = 0;
+    for (i, m) in history.iter().enumerate().rev() {
+        if !may_be_left_out(m) {
+            needed += 1;
+            if needed > sent {
+                return i + 1;
+            }
+        }
+    }
+    0
+}
+
+/// Stored messages a client may not resend: recorded failures, and
+/// interrupted replies (a voice framework may drop what was not spoken).
+fn may_be_left_out(m: &Message) -> bool {
+    is_failure(m) || (m.role == "assistant" && is_interrupted(m))
 }
 
 /// The messages of `incoming` that are new to `history`.
@@ -81,7 +106,7 @@ fn align(history: &[Message], start: usize, incoming: &[Message]) -> Option<Reco
                 if is_failure(stored) {
                     continue;
                 }
-                if stored.role == "assistant" && is_interrupted(stored) {
+                if may_be_left_out(stored) {
                     skipped_interrupted_at_end = true;
                     continue;
                 }

@@ -1,0 +1,657 @@
+//! The load benchmark: `cargo bench --bench load` (see BENCHMARKS.md).
+//!
+//! One run on one machine drives an instant mock upstream directly, through
+//! a plain nginx `proxy_pass` hop (if nginx is installed), through recall
+//! with the memory and the sqlite backend, and through LiteLLM's proxy (if
+//! `litellm` is installed). Load is open-loop at a fixed rate; latency is
+//! measured from each request's intended send time, so queueing shows.
+//! Options: `--quick` (shorter runs), `--only NAME` (scenario filter).
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+const CHUNKS: usize = 50;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
+    let mock = start_mock();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run(mock, quick, only));
+}
+
+// ---------------------------------------------------------------- the mock
+
+/// An instant OpenAI-style upstream on a thread and runtime of its own.
+fn start_mock() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("mock runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            tx.send(listener.local_addr().expect("addr")).expect("send");
+            let app = axum::Router::new().fallback(mock_reply);
+            axum::serve(listener, app).await.expect("mock serve");
+        });
+    });
+    rx.recv().expect("mock address")
+}
+
+async fn mock_reply(body: Bytes) -> Response {
+    let stream = memchr_contains(&body, br#""stream":true"#) || memchr_contains(&body, br#""stream": true"#);
+    if !stream {
+        let reply = json!({"id": "c", "object": "chat.completion", "created": 1, "model": "mock",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "Sure, here is the answer."}}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}});
+        return Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from(reply.to_string()))
+            .expect("response");
+    }
+    let chunks = (0..CHUNKS).map(|i| {
+        let c = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "mock",
+            "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}, "finish_reason": null}]});
+        Ok::<_, std::io::Error>(Bytes::from(format!("data: {c}\n\n")))
+    });
+    let end = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "mock",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    let tail = Bytes::from(format!("data: {end}\n\ndata: [DONE]\n\n"));
+    let all = futures_util::stream::iter(chunks.chain(std::iter::once(Ok(tail))));
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(all))
+        .expect("response")
+}
+
+fn memchr_contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+// ------------------------------------------------------------- the targets
+
+struct Target {
+    name: String,
+    /// Base URL up to and including `/v1`.
+    base: String,
+    /// Whether it keeps memory (sessions are seeded and named).
+    recall: bool,
+    child: Option<Child>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn work_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("recall-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("work dir");
+    dir
+}
+
+async fn wait_ready(url: &str) {
+    let client = reqwest::Client::new();
+    for _ in 0..600 {
+        if client.get(url).send().await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url} did not come up");
+}
+
+async fn start_recall(mock: SocketAddr, backend: &str, max_messages: usize) -> Target {
+    let port = free_port();
+    let dir = work_dir();
+    let db = dir.join(format!("bench-{port}.db"));
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nmax_body_bytes = 67108864\n\
+         [history]\nwindow_messages = 20\nmax_messages = {max_messages}\n\
+         [session]\nttl_secs = 0\nmax_sessions = 1000000\n\
+         [storage]\nbackend = \"{backend}\"\npath = \"{}\"\n[log]\nlevel = \"warn\"\n\
+         [[upstreams]]\nname = \"mock\"\nbase_url = \"http://{mock}/v1\"\n",
+        db.display()
+    );
+    let path = dir.join(format!("recall-{port}.toml"));
+    std::fs::write(&path, config).expect("config");
+    let child = Command::new(env!("CARGO_BIN_EXE_recall"))
+        .arg("--config")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start recall");
+    let base = format!("http://127.0.0.1:{port}/v1");
+    wait_ready(&format!("http://127.0.0.1:{port}/healthz")).await;
+    Target {
+        name: format!("recall ({backend})"),
+        base,
+        recall: true,
+        child: Some(child),
+    }
+}
+
+async fn start_nginx(mock: SocketAddr) -> Option<Target> {
+    let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())?;
+    let port = free_port();
+    let dir = work_dir().join(format!("nginx-{port}"));
+    std::fs::create_dir_all(&dir).ok()?;
+    let conf = format!(
+        "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{ access_log off; client_body_temp_path {d}; proxy_temp_path {d};\n\
+           upstream mock {{ server {mock}; keepalive 64; }}\n\
+           server {{ listen 127.0.0.1:{port};\n\
+             location / {{ proxy_pass http://mock; proxy_http_version 1.1;\n\
+               proxy_set_header Connection \"\"; proxy_buffering off; }} }} }}\n",
+        d = dir.display()
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf).ok()?;
+    let child = Command::new(nginx)
+        .arg("-c")
+        .arg(&path)
+        .arg("-p")
+        .arg(&dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let base = format!("http://127.0.0.1:{port}/v1");
+    wait_ready(&format!("http://127.0.0.1:{port}/")).await;
+    Some(Target {
+        name: "nginx proxy_pass".into(),
+        base,
+        recall: false,
+        child: Some(child),
+    })
+}
+
+async fn start_litellm(mock: SocketAddr) -> Option<Target> {
+    let litellm = which("litellm")?;
+    let port = free_port();
+    let dir = work_dir();
+    let conf = format!(
+        "model_list:\n  - model_name: mock\n    litellm_params:\n      model: openai/mock\n\
+         \x20     api_base: http://{mock}/v1\n      api_key: sk-mock\n\
+         general_settings:\n  master_key: sk-bench\n"
+    );
+    let path = dir.join("litellm.yaml");
+    std::fs::write(&path, conf).ok()?;
+    let child = Command::new(litellm)
+        .args(["--config", path.to_str()?, "--port", &port.to_string(), "--num_workers", "2"])
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .env("LITELLM_LOG", "ERROR")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let base = format!("http://127.0.0.1:{port}/v1");
+    wait_ready(&format!("http://127.0.0.1:{port}/health/liveliness")).await;
+    Some(Target {
+        name: "LiteLLM proxy (2 workers)".into(),
+        base,
+        recall: false,
+        child: Some(child),
+    })
+}
+
+fn which(name: &str) -> Option<String> {
+    let out = Command::new("which").arg(name).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+// ------------------------------------------------------------- the load
+
+#[derive(Clone)]
+struct Scenario {
+    name: String,
+    stream: bool,
+    sessions: usize,
+    history: usize,
+    rate: f64,
+    secs: f64,
+}
+
+#[derive(Default)]
+struct Stats {
+    sent: usize,
+    errors: usize,
+    elapsed: f64,
+    latency: Vec<f64>,
+    ttfb: Vec<f64>,
+    gaps: Vec<f64>,
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn message(role: &str, i: usize) -> Value {
+    let text: String = format!("message {i} ").chars().cycle().take(200).collect();
+    json!({"role": role, "content": text})
+}
+
+/// Gives every session `history` stored messages (recall targets only).
+async fn seed(target: &Target, sessions: usize, history: usize) {
+    if !target.recall || history == 0 {
+        return;
+    }
+    let client = reqwest::Client::new();
+    let contents: Vec<Value> = (0..history)
+        .map(|i| message(if i % 2 == 0 { "user" } else { "assistant" }, i))
+        .collect();
+    let body = Arc::new(json!({"contents": contents}).to_string());
+    let mut pending = futures_util::stream::iter(0..sessions)
+        .map(|s| {
+            let (client, body) = (client.clone(), Arc::clone(&body));
+            let url = format!("{}/sessions/bench-{s}/history", target.base);
+            async move {
+                let r = client
+                    .put(url)
+                    .header("content-type", "application/json")
+                    .body(body.as_str().to_owned())
+                    .send()
+                    .await;
+                assert!(r.is_ok_and(|r| r.status().is_success()), "seeding failed");
+            }
+        })
+        .buffer_unordered(32);
+    while pending.next().await.is_some() {}
+}
+
+fn request_body(stream: bool, i: usize) -> String {
+    json!({"model": "mock", "stream": stream, "messages": [message("user", i)]}).to_string()
+}
+
+/// Open loop: request `i` is due at `start + i / rate`, whatever happened
+/// to the earlier ones; its latency counts from then.
+async fn open_loop(target: &Target, s: &Scenario) -> Stats {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .build()
+        .expect("client");
+    let total = (s.rate * s.secs) as usize;
+    let start = tokio::time::Instant::now() + Duration::from_millis(20);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..total {
+        let due = start + Duration::from_secs_f64(i as f64 / s.rate);
+        tokio::time::sleep_until(due).await;
+        let (client, tx) = (client.clone(), tx.clone());
+        let url = format!("{}/chat/completions", target.base);
+        let session = format!("bench-{}", i % s.sessions);
+        let body = request_body(s.stream, i);
+        let (recall, stream) = (target.recall, s.stream);
+        tokio::spawn(async move {
+            let _ = tx.send(one(&client, &url, recall.then_some(session), body, stream, due).await);
+        });
+    }
+    drop(tx);
+    let mut stats = Stats {
+        sent: total,
+        ..Stats::default()
+    };
+    while let Some(r) = rx.recv().await {
+        match r {
+            Ok((latency, ttfb, gaps)) => {
+                stats.latency.push(latency);
+                if let Some(t) = ttfb {
+                    stats.ttfb.push(t);
+                }
+                stats.gaps.extend(gaps);
+            }
+            Err(()) => stats.errors += 1,
+        }
+    }
+    stats.elapsed = (tokio::time::Instant::now() - start).as_secs_f64();
+    stats
+}
+
+type Outcome = Result<(f64, Option<f64>, Vec<f64>), ()>;
+
+async fn one(
+    client: &reqwest::Client,
+    url: &str,
+    session: Option<String>,
+    body: String,
+    stream: bool,
+    due: tokio::time::Instant,
+) -> Outcome {
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sk-bench")
+        .body(body);
+    if let Some(s) = session {
+        req = req.header("x-session-id", s);
+    }
+    let resp = req.send().await.map_err(|_| ())?;
+    if !resp.status().is_success() {
+        return Err(());
+    }
+    if !stream {
+        resp.bytes().await.map_err(|_| ())?;
+        return Ok((ms(due.elapsed()), None, Vec::new()));
+    }
+    let mut body = resp.bytes_stream();
+    let mut ttfb = None;
+    let mut last = Instant::now();
+    let mut gaps = Vec::with_capacity(CHUNKS);
+    let mut done = false;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|_| ())?;
+        let now = Instant::now();
+        if ttfb.is_none() {
+            ttfb = Some(ms(due.elapsed()));
+        } else {
+            gaps.push(ms(now - last));
+        }
+        last = now;
+        done |= memchr_contains(&chunk, b"[DONE]");
+    }
+    if !done {
+        return Err(());
+    }
+    Ok((ms(due.elapsed()), ttfb, gaps))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Closed loop with `conns` connections, each sending its next request as
+/// soon as the last one is answered: the highest sustained rate.
+async fn max_rate(target: &Target, conns: usize, secs: f64) -> f64 {
+    let client = reqwest::Client::new();
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let url = format!("{}/chat/completions", target.base);
+    let workers: Vec<_> = (0..conns)
+        .map(|c| {
+            let (client, url, recall) = (client.clone(), url.clone(), target.recall);
+            tokio::spawn(async move {
+                let mut n = 0usize;
+                while Instant::now() < until {
+                    let session = recall.then(|| format!("bench-{}", (c * 100_000 + n) % 1000));
+                    let due = tokio::time::Instant::now();
+                    if one(&client, &url, session, request_body(false, n), false, due).await.is_ok() {
+                        n += 1;
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for w in workers {
+        total += w.await.unwrap_or(0);
+    }
+    total as f64 / secs
+}
+
+fn rss_kib(child: &Option<Child>) -> Option<(u64, u64)> {
+    let pid = child.as_ref()?.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+// ------------------------------------------------------------- the run
+
+fn row(target: &str, s: &Scenario, st: &mut Stats) -> Vec<String> {
+    let ok = st.latency.len();
+    vec![
+        target.to_owned(),
+        s.name.clone(),
+        format!("{:.0}", ok as f64 / st.elapsed.max(1e-9)),
+        format!("{}", st.errors + (st.sent - ok - st.errors)),
+        format!("{:.2}", pct(&mut st.latency, 0.50)),
+        format!("{:.2}", pct(&mut st.latency, 0.90)),
+        format!("{:.2}", pct(&mut st.latency, 0.99)),
+        format!("{:.2}", pct(&mut st.latency, 1.0)),
+        if st.ttfb.is_empty() { "-".into() } else { format!("{:.2}", pct(&mut st.ttfb, 0.99)) },
+        if st.gaps.is_empty() { "-".into() } else { format!("{:.3}", pct(&mut st.gaps, 0.99)) },
+    ]
+}
+
+fn print_table(rows: &[Vec<String>]) {
+    println!("| path | scenario | achieved req/s | errors | p50 ms | p90 ms | p99 ms | max ms | TTFB p99 ms | chunk gap p99 ms |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!("| {} |", r.join(" | "));
+    }
+    let _ = std::io::stdout().flush();
+}
+
+async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
+    let secs = if quick { 3.0 } else { 8.0 };
+    let rate = 2000.0;
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
+    let direct = Target {
+        name: "direct to mock".into(),
+        base: format!("http://{mock}/v1"),
+        recall: false,
+        child: None,
+    };
+    let memory = start_recall(mock, "memory", 20_000).await;
+    let sqlite = start_recall(mock, "sqlite", 20_000).await;
+    let nginx = start_nginx(mock).await;
+    let litellm = if wanted("litellm") || only.is_none() { start_litellm(mock).await } else { None };
+
+    let mut rows = Vec::new();
+    let mut summary: HashMap<(String, String), (f64, f64, f64)> = HashMap::new();
+    let mut measure = |target: &Target, s: &Scenario, st: &mut Stats, rows: &mut Vec<Vec<String>>| {
+        let r = row(&target.name, s, st);
+        summary.insert(
+            (target.name.clone(), s.name.clone()),
+            (pct(&mut st.latency, 0.5), pct(&mut st.latency, 0.99), pct(&mut st.ttfb, 0.99)),
+        );
+        rows.push(r);
+    };
+
+    // 1. Overhead, non-streaming and streaming, 1,000 sessions of 10 messages.
+    for stream in [false, true] {
+        let s = Scenario {
+            name: format!("{} · 1,000 sessions · 10 stored", if stream { "stream (50 chunks)" } else { "non-stream" }),
+            stream,
+            sessions: 1000,
+            history: 10,
+            rate,
+            secs,
+        };
+        if !wanted(&s.name) {
+            continue;
+        }
+        for target in [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)].into_iter().flatten() {
+            seed(target, s.sessions, s.history).await;
+            let mut st = open_loop(target, &s).await;
+            measure(target, &s, &mut st, &mut rows);
+        }
+        if let Some(l) = &litellm {
+            let slow = Scenario { rate: 200.0, name: format!("{} (at 200 req/s)", s.name), ..s.clone() };
+            let mut st = open_loop(l, &slow).await;
+            measure(l, &slow, &mut st, &mut rows);
+        }
+    }
+    // 2. Sessions: 1 (one conversation, turns in sequence), 100,000.
+    for (sessions, r) in [(100_000usize, rate)] {
+        let s = Scenario {
+            name: format!("non-stream · {sessions} sessions · 10 stored"),
+            stream: false,
+            sessions,
+            history: 10,
+            rate: r,
+            secs,
+        };
+        if !wanted(&s.name) {
+            continue;
+        }
+        for target in [&memory, &sqlite] {
+            seed(target, sessions, 10).await;
+            let mut st = open_loop(target, &s).await;
+            measure(target, &s, &mut st, &mut rows);
+        }
+    }
+    // 3. History length: 10 sessions with 10, 1,000 and 10,000 stored messages.
+    for history in [10usize, 1000, 10_000] {
+        let s = Scenario {
+            name: format!("non-stream · 10 sessions · {history} stored"),
+            stream: false,
+            sessions: 10,
+            history,
+            rate: 500.0,
+            secs,
+        };
+        if !wanted(&s.name) {
+            continue;
+        }
+        // Fresh processes, so that the histories are exactly this long.
+        let fresh = start_recall(mock, "memory", 20_000).await;
+        seed(&fresh, 10, history).await;
+        let mut st = sequential(&fresh, &s).await;
+        measure(&fresh, &s, &mut st, &mut rows);
+    }
+    print_table(&rows);
+
+    // 4. Highest sustained rate, closed loop with 16 connections.
+    if wanted("max") {
+        println!();
+        println!("| path | highest sustained req/s (16 connections, non-stream) | share of direct |");
+        println!("|---|---|---|");
+        let direct_max = max_rate(&direct, 16, secs.min(5.0)).await;
+        for target in [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)].into_iter().flatten() {
+            let m = if target.name == direct.name { direct_max } else { max_rate(target, 16, secs.min(5.0)).await };
+            println!("| {} | {:.0} | {:.2} |", target.name, m, m / direct_max);
+        }
+    }
+
+    // 5. Memory: 100,000 sessions of 20 messages of 200 characters.
+    if wanted("memory") {
+        let fresh = start_recall(mock, "memory", 20_000).await;
+        let (before, _) = rss_kib(&fresh.child).unwrap_or((0, 0));
+        seed(&fresh, 100_000, 20).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (rss, hwm) = rss_kib(&fresh.child).unwrap_or((0, 0));
+        let text_kib = 100_000 * 20 * 200 / 1024;
+        println!();
+        println!("| memory | KiB |");
+        println!("|---|---|");
+        println!("| RSS before seeding | {before} |");
+        println!("| RSS with 100,000 sessions × 20 messages × 200 chars | {rss} (peak {hwm}) |");
+        println!("| message text held | {text_kib} |");
+        println!(
+            "| budget: 1.5 × text + 2 KiB × sessions | {} |",
+            text_kib * 3 / 2 + 2 * 100_000
+        );
+        println!(
+            "| added per session beyond the text | {:.0} bytes |",
+            ((rss.saturating_sub(before)) as f64 * 1024.0 - (text_kib as f64 * 1024.0)) / 100_000.0
+        );
+    }
+
+    // The overhead: proxy minus direct.
+    println!();
+    println!("| path | scenario | added p50 ms | added p99 ms | added TTFB p99 ms |");
+    println!("|---|---|---|---|---|");
+    let mut keys: Vec<_> = summary.keys().cloned().collect();
+    keys.sort();
+    for (target, scenario) in keys {
+        let Some(base) = summary.get(&("direct to mock".to_owned(), scenario.clone())).copied() else {
+            continue;
+        };
+        if target == "direct to mock" {
+            continue;
+        }
+        let (p50, p99, ttfb) = summary[&(target.clone(), scenario.clone())];
+        println!(
+            "| {target} | {scenario} | {:.3} | {:.3} | {} |",
+            p50 - base.0,
+            p99 - base.1,
+            if ttfb.is_nan() { "-".into() } else { format!("{:.3}", ttfb - base.2) }
+        );
+    }
+}
+
+/// One conversation at a time per session: each session's next turn is
+/// sent when its last one is answered (turns of one session never overlap).
+async fn sequential(target: &Target, s: &Scenario) -> Stats {
+    let client = reqwest::Client::new();
+    let url = format!("{}/chat/completions", target.base);
+    let per_session = ((s.rate * s.secs) as usize / s.sessions).max(1);
+    let start = Instant::now();
+    let workers: Vec<_> = (0..s.sessions)
+        .map(|sess| {
+            let (client, url, recall) = (client.clone(), url.clone(), target.recall);
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut errors = 0;
+                for i in 0..per_session {
+                    let due = tokio::time::Instant::now();
+                    let session = recall.then(|| format!("bench-{sess}"));
+                    match one(&client, &url, session, request_body(false, i), false, due).await {
+                        Ok((l, _, _)) => lat.push(l),
+                        Err(()) => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let mut stats = Stats {
+        sent: per_session * s.sessions,
+        ..Stats::default()
+    };
+    for w in workers {
+        if let Ok((lat, errors)) = w.await {
+            stats.latency.extend(lat);
+            stats.errors += errors;
+        }
+    }
+    stats.elapsed = start.elapsed().as_secs_f64();
+    stats
+}

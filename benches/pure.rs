@@ -1,0 +1,109 @@
+//! Micro-benchmarks of the pure pieces on the request path:
+//! `cargo bench --bench pure`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use recall::accumulate::ReplyAccumulator;
+use recall::message::Message;
+use recall::reconcile::reconcile;
+use recall::vendor::{rewrite, TurnInfo, VendorRules};
+use recall::window::{window_start, Limits};
+use serde_json::{json, Map, Value};
+
+fn history(n: usize) -> Vec<Message> {
+    (0..n)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            let mut m = Message::new(role, format!("message number {i} ").repeat(10));
+            m.turn_id = Some(i as u64 / 2 + 1);
+            m.timestamp = Some(1_700_000_000_000 + i as i64);
+            m.metadata_mut().insert("source".into(), json!("message"));
+            m
+        })
+        .collect()
+}
+
+fn bench_reconcile(c: &mut Criterion) {
+    let mut g = c.benchmark_group("reconcile");
+    for n in [10usize, 1000, 10_000] {
+        let h = history(n);
+        let delta = vec![Message::new("user", "a new question")];
+        let mut resend: Vec<Message> = h[n.saturating_sub(20)..]
+            .iter()
+            .map(|m| Message::new(&m.role, m.content.clone()))
+            .collect();
+        resend.push(Message::new("user", "a new question"));
+        g.bench_with_input(BenchmarkId::new("delta", n), &n, |b, _| {
+            b.iter(|| reconcile(&h, &delta, false))
+        });
+        g.bench_with_input(BenchmarkId::new("resend_last_20", n), &n, |b, _| {
+            b.iter(|| reconcile(&h, &resend, false))
+        });
+    }
+    g.finish();
+}
+
+fn bench_window(c: &mut Criterion) {
+    let mut g = c.benchmark_group("window");
+    for n in [10usize, 1000, 10_000] {
+        let h = history(n);
+        let count = Limits { messages: 20, chars: 0 };
+        let both = Limits { messages: 20, chars: 4000 };
+        g.bench_with_input(BenchmarkId::new("count_20", n), &n, |b, _| {
+            b.iter(|| window_start(&h, count))
+        });
+        g.bench_with_input(BenchmarkId::new("count_20_chars_4000", n), &n, |b, _| {
+            b.iter(|| window_start(&h, both))
+        });
+    }
+    g.finish();
+}
+
+fn bench_rewrite(c: &mut Criterion) {
+    let window = history(20);
+    let instructions = vec![Message::new("system", "You are a helpful assistant.")];
+    let body: Map<String, Value> = json!({"model": "gpt-4o-mini", "temperature": 0.3, "stream": true,
+        "session_id": "s", "messages": []})
+    .as_object()
+    .cloned()
+    .unwrap_or_default();
+    for custom in [false, true] {
+        let rules = VendorRules {
+            custom,
+            interruptable: true,
+            strip_fields: Vec::new(),
+            interrupted: Default::default(),
+            interrupted_marker: String::new(),
+        };
+        let name = if custom { "rewrite_custom_20" } else { "rewrite_openai_20" };
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let mut body = body.clone();
+                rewrite(&rules, &mut body, &instructions, &window, Some(TurnInfo { turn_id: 9 }), 1);
+                serde_json::to_vec(&body)
+            })
+        });
+    }
+}
+
+fn bench_accumulate(c: &mut Criterion) {
+    let chunks: Vec<String> = (0..50)
+        .map(|i| {
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}, "finish_reason": null}]})
+            .to_string()
+        })
+        .collect();
+    c.bench_function("accumulate_50_chunks", |b| {
+        b.iter(|| {
+            let mut acc = ReplyAccumulator::default();
+            for chunk in &chunks {
+                acc.push_data(chunk);
+            }
+            acc.push_data("[DONE]");
+            acc.to_message()
+        })
+    });
+}
+
+criterion_group!(benches, bench_reconcile, bench_window, bench_rewrite, bench_accumulate);
+criterion_main!(benches);
