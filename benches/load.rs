@@ -47,9 +47,14 @@ fn start_mock() -> SocketAddr {
             .build()
             .expect("mock runtime");
         rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
             tx.send(listener.local_addr().expect("addr")).expect("send");
             let app = axum::Router::new().fallback(mock_reply);
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, app).await.expect("mock serve");
         });
     });
@@ -57,7 +62,8 @@ fn start_mock() -> SocketAddr {
 }
 
 async fn mock_reply(body: Bytes) -> Response {
-    let stream = memchr_contains(&body, br#""stream":true"#) || memchr_contains(&body, br#""stream": true"#);
+    let stream =
+        memchr_contains(&body, br#""stream":true"#) || memchr_contains(&body, br#""stream": true"#);
     if !stream {
         let reply = json!({"id": "c", "object": "chat.completion", "created": 1, "model": "mock",
             "choices": [{"index": 0, "finish_reason": "stop",
@@ -101,6 +107,15 @@ struct Target {
 impl Drop for Target {
     fn drop(&mut self) {
         if let Some(child) = &mut self.child {
+            // SIGTERM lets nginx stop its workers and LiteLLM its children;
+            // SIGKILL would orphan them.
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            for _ in 0..50 {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -185,6 +200,7 @@ async fn start_nginx(mock: SocketAddr) -> Option<Target> {
         .arg(&path)
         .arg("-p")
         .arg(&dir)
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
@@ -210,7 +226,14 @@ async fn start_litellm(mock: SocketAddr) -> Option<Target> {
     let path = dir.join("litellm.yaml");
     std::fs::write(&path, conf).ok()?;
     let child = Command::new(litellm)
-        .args(["--config", path.to_str()?, "--port", &port.to_string(), "--num_workers", "2"])
+        .args([
+            "--config",
+            path.to_str()?,
+            "--port",
+            &port.to_string(),
+            "--num_workers",
+            "2",
+        ])
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         .env("LITELLM_LOG", "ERROR")
         .stdout(Stdio::null())
@@ -411,7 +434,10 @@ async fn max_rate(target: &Target, conns: usize, secs: f64) -> f64 {
                 while Instant::now() < until {
                     let session = recall.then(|| format!("bench-{}", (c * 100_000 + n) % 1000));
                     let due = tokio::time::Instant::now();
-                    if one(&client, &url, session, request_body(false, n), false, due).await.is_ok() {
+                    if one(&client, &url, session, request_body(false, n), false, due)
+                        .await
+                        .is_ok()
+                    {
                         n += 1;
                     }
                 }
@@ -454,8 +480,16 @@ fn row(target: &str, s: &Scenario, st: &mut Stats) -> Vec<String> {
         format!("{:.2}", pct(&mut st.latency, 0.90)),
         format!("{:.2}", pct(&mut st.latency, 0.99)),
         format!("{:.2}", pct(&mut st.latency, 1.0)),
-        if st.ttfb.is_empty() { "-".into() } else { format!("{:.2}", pct(&mut st.ttfb, 0.99)) },
-        if st.gaps.is_empty() { "-".into() } else { format!("{:.3}", pct(&mut st.gaps, 0.99)) },
+        if st.ttfb.is_empty() {
+            "-".into()
+        } else {
+            format!("{:.2}", pct(&mut st.ttfb, 0.99))
+        },
+        if st.gaps.is_empty() {
+            "-".into()
+        } else {
+            format!("{:.3}", pct(&mut st.gaps, 0.99))
+        },
     ]
 }
 
@@ -481,23 +515,39 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
     let memory = start_recall(mock, "memory", 20_000).await;
     let sqlite = start_recall(mock, "sqlite", 20_000).await;
     let nginx = start_nginx(mock).await;
-    let litellm = if wanted("litellm") || only.is_none() { start_litellm(mock).await } else { None };
+    let litellm = if wanted("litellm") || only.is_none() {
+        start_litellm(mock).await
+    } else {
+        None
+    };
 
     let mut rows = Vec::new();
     let mut summary: HashMap<(String, String), (f64, f64, f64)> = HashMap::new();
-    let mut measure = |target: &Target, s: &Scenario, st: &mut Stats, rows: &mut Vec<Vec<String>>| {
-        let r = row(&target.name, s, st);
-        summary.insert(
-            (target.name.clone(), s.name.clone()),
-            (pct(&mut st.latency, 0.5), pct(&mut st.latency, 0.99), pct(&mut st.ttfb, 0.99)),
-        );
-        rows.push(r);
-    };
+    let mut measure =
+        |target: &Target, s: &Scenario, st: &mut Stats, rows: &mut Vec<Vec<String>>| {
+            let r = row(&target.name, s, st);
+            summary.insert(
+                (target.name.clone(), s.name.clone()),
+                (
+                    pct(&mut st.latency, 0.5),
+                    pct(&mut st.latency, 0.99),
+                    pct(&mut st.ttfb, 0.99),
+                ),
+            );
+            rows.push(r);
+        };
 
     // 1. Overhead, non-streaming and streaming, 1,000 sessions of 10 messages.
     for stream in [false, true] {
         let s = Scenario {
-            name: format!("{} · 1,000 sessions · 10 stored", if stream { "stream (50 chunks)" } else { "non-stream" }),
+            name: format!(
+                "{} · 1,000 sessions · 10 stored",
+                if stream {
+                    "stream (50 chunks)"
+                } else {
+                    "non-stream"
+                }
+            ),
             stream,
             sessions: 1000,
             history: 10,
@@ -507,13 +557,22 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
         if !wanted(&s.name) {
             continue;
         }
-        for target in [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)].into_iter().flatten() {
+        for target in [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)]
+            .into_iter()
+            .flatten()
+        {
             seed(target, s.sessions, s.history).await;
+            warm_up(target, &s).await;
             let mut st = open_loop(target, &s).await;
             measure(target, &s, &mut st, &mut rows);
         }
         if let Some(l) = &litellm {
-            let slow = Scenario { rate: 200.0, name: format!("{} (at 200 req/s)", s.name), ..s.clone() };
+            let slow = Scenario {
+                rate: 200.0,
+                name: format!("{} (at 200 req/s)", s.name),
+                ..s.clone()
+            };
+            warm_up(l, &slow).await;
             let mut st = open_loop(l, &slow).await;
             measure(l, &slow, &mut st, &mut rows);
         }
@@ -533,6 +592,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
         }
         for target in [&memory, &sqlite] {
             seed(target, sessions, 10).await;
+            warm_up(target, &s).await;
             let mut st = open_loop(target, &s).await;
             measure(target, &s, &mut st, &mut rows);
         }
@@ -561,11 +621,20 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
     // 4. Highest sustained rate, closed loop with 16 connections.
     if wanted("max") {
         println!();
-        println!("| path | highest sustained req/s (16 connections, non-stream) | share of direct |");
+        println!(
+            "| path | highest sustained req/s (16 connections, non-stream) | share of direct |"
+        );
         println!("|---|---|---|");
         let direct_max = max_rate(&direct, 16, secs.min(5.0)).await;
-        for target in [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)].into_iter().flatten() {
-            let m = if target.name == direct.name { direct_max } else { max_rate(target, 16, secs.min(5.0)).await };
+        for target in [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)]
+            .into_iter()
+            .flatten()
+        {
+            let m = if target.name == direct.name {
+                direct_max
+            } else {
+                max_rate(target, 16, secs.min(5.0)).await
+            };
             println!("| {} | {:.0} | {:.2} |", target.name, m, m / direct_max);
         }
     }
@@ -601,7 +670,10 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
     let mut keys: Vec<_> = summary.keys().cloned().collect();
     keys.sort();
     for (target, scenario) in keys {
-        let Some(base) = summary.get(&("direct to mock".to_owned(), scenario.clone())).copied() else {
+        let Some(base) = summary
+            .get(&("direct to mock".to_owned(), scenario.clone()))
+            .copied()
+        else {
             continue;
         };
         if target == "direct to mock" {
@@ -612,9 +684,23 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
             "| {target} | {scenario} | {:.3} | {:.3} | {} |",
             p50 - base.0,
             p99 - base.1,
-            if ttfb.is_nan() { "-".into() } else { format!("{:.3}", ttfb - base.2) }
+            if ttfb.is_nan() {
+                "-".into()
+            } else {
+                format!("{:.3}", ttfb - base.2)
+            }
         );
     }
+}
+
+/// A second of the scenario's load, not measured: connections, caches
+/// and allocators settle first.
+async fn warm_up(target: &Target, s: &Scenario) {
+    let warm = Scenario {
+        secs: 1.0,
+        ..s.clone()
+    };
+    let _ = open_loop(target, &warm).await;
 }
 
 /// One conversation at a time per session: each session's next turn is

@@ -46,8 +46,14 @@ fn bench_window(c: &mut Criterion) {
     let mut g = c.benchmark_group("window");
     for n in [10usize, 1000, 10_000] {
         let h = history(n);
-        let count = Limits { messages: 20, chars: 0 };
-        let both = Limits { messages: 20, chars: 4000 };
+        let count = Limits {
+            messages: 20,
+            chars: 0,
+        };
+        let both = Limits {
+            messages: 20,
+            chars: 4000,
+        };
         g.bench_with_input(BenchmarkId::new("count_20", n), &n, |b, _| {
             b.iter(|| window_start(&h, count))
         });
@@ -61,11 +67,12 @@ fn bench_window(c: &mut Criterion) {
 fn bench_rewrite(c: &mut Criterion) {
     let window = history(20);
     let instructions = vec![Message::new("system", "You are a helpful assistant.")];
-    let body: Map<String, Value> = json!({"model": "gpt-4o-mini", "temperature": 0.3, "stream": true,
+    let body: Map<String, Value> =
+        json!({"model": "gpt-4o-mini", "temperature": 0.3, "stream": true,
         "session_id": "s", "messages": []})
-    .as_object()
-    .cloned()
-    .unwrap_or_default();
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
     for custom in [false, true] {
         let rules = VendorRules {
             custom,
@@ -74,11 +81,22 @@ fn bench_rewrite(c: &mut Criterion) {
             interrupted: Default::default(),
             interrupted_marker: String::new(),
         };
-        let name = if custom { "rewrite_custom_20" } else { "rewrite_openai_20" };
+        let name = if custom {
+            "rewrite_custom_20"
+        } else {
+            "rewrite_openai_20"
+        };
         c.bench_function(name, |b| {
             b.iter(|| {
                 let mut body = body.clone();
-                rewrite(&rules, &mut body, &instructions, &window, Some(TurnInfo { turn_id: 9 }), 1);
+                rewrite(
+                    &rules,
+                    &mut body,
+                    &instructions,
+                    &window,
+                    Some(TurnInfo { turn_id: 9 }),
+                    1,
+                );
                 serde_json::to_vec(&body)
             })
         });
@@ -105,5 +123,11 @@ fn bench_accumulate(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench_reconcile, bench_window, bench_rewrite, bench_accumulate);
+criterion_group!(
+    benches,
+    bench_reconcile,
+    bench_window,
+    bench_rewrite,
+    bench_accumulate
+);
 criterion_main!(benches);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue, Request};
+use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -187,6 +188,13 @@ pub async fn serve(
             );
         })
     };
+    // Without TCP_NODELAY, Nagle's algorithm holds small SSE chunks back
+    // until the previous one is acknowledged (40 ms with delayed ACKs).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     let served = axum::serve(listener, router(Arc::clone(&app)))
         .with_graceful_shutdown(graceful)
         .await;

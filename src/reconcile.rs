@@ -4,6 +4,8 @@
 //! conversation (or a recent part of it) every time. Both must leave the
 //! history free of duplicates, and nothing a client sends may be dropped.
 
+use std::borrow::Borrow;
+
 use serde_json::Value;
 
 use crate::interruption::{is_failure, is_interrupted};
@@ -35,7 +37,11 @@ pub struct Reconciled {
 /// client that resends everything starts with messages recall no longer
 /// holds: the whole stored history may then line up further into the
 /// request, and what comes before it counts as already seen.
-pub fn reconcile(history: &[Message], incoming: &[Message], front_dropped: bool) -> Reconciled {
+pub fn reconcile<H: Borrow<Message>>(
+    history: &[H],
+    incoming: &[Message],
+    front_dropped: bool,
+) -> Reconciled {
     let mut best = Reconciled::default();
     // An alignment uses up every stored message from its start on, each
     // either matched by one sent message or skipped: starts earlier than
@@ -69,10 +75,10 @@ pub fn reconcile(history: &[Message], incoming: &[Message], front_dropped: bool)
 
 /// The first index from which the history holds at most `sent` messages
 /// that a request must match (those it may leave out are not counted).
-fn earliest_start(history: &[Message], sent: usize) -> usize {
+fn earliest_start<H: Borrow<Message>>(history: &[H], sent: usize) -> usize {
     let mut needed = 0;
     for (i, m) in history.iter().enumerate().rev() {
-        if !may_be_left_out(m) {
+        if !may_be_left_out(m.borrow()) {
             needed += 1;
             if needed > sent {
                 return i + 1;
@@ -89,15 +95,20 @@ fn may_be_left_out(m: &Message) -> bool {
 }
 
 /// The messages of `incoming` that are new to `history`.
-pub fn to_append<'a>(history: &[Message], incoming: &'a [Message]) -> &'a [Message] {
+pub fn to_append<'a, H: Borrow<Message>>(history: &[H], incoming: &'a [Message]) -> &'a [Message] {
     &incoming[reconcile(history, incoming, false).overlap..]
 }
 
 /// Lines `incoming` up against `history[start..]`, which must be used up.
-fn align(history: &[Message], start: usize, incoming: &[Message]) -> Option<Reconciled> {
+fn align<H: Borrow<Message>>(
+    history: &[H],
+    start: usize,
+    incoming: &[Message],
+) -> Option<Reconciled> {
     let mut found = Reconciled::default();
     let mut skipped_interrupted_at_end = false;
     for (i, stored) in history.iter().enumerate().skip(start) {
+        let stored: &Message = stored.borrow();
         let sent = incoming.get(found.overlap);
         match sent.map(|m| lines_up(stored, m)) {
             Some(Match::Same) => {}
@@ -239,7 +250,7 @@ mod tests {
 
     #[test]
     fn empty_sides() {
-        assert_eq!(contents(to_append(&[], &[u("u1")])), ["u1"]);
+        assert_eq!(contents(to_append::<Message>(&[], &[u("u1")])), ["u1"]);
         assert!(to_append(&[u("u1")], &[]).is_empty());
     }
 

@@ -7,6 +7,8 @@
 //! body with top-level `turn_id`, `timestamp` and `interruptable`. Any other
 //! vendor receives only what OpenAI's API accepts.
 
+use std::borrow::Borrow;
+
 use serde_json::{Map, Value};
 
 use crate::config::{InterruptedRendering, UpstreamConfig};
@@ -45,11 +47,11 @@ pub struct TurnInfo {
 }
 
 /// Rewrites the client's `body` in place into the upstream body.
-pub fn rewrite(
+pub fn rewrite<H: Borrow<Message>>(
     rules: &VendorRules,
     body: &mut Map<String, Value>,
     instructions: &[Message],
-    history: &[Message],
+    history: &[H],
     turn: Option<TurnInfo>,
     now_ms: i64,
 ) {
@@ -61,8 +63,15 @@ pub fn rewrite(
         }
     };
     let shown = history.iter().enumerate().filter_map(|(i, m)| {
-        let answered = history.get(i + 1).is_some_and(Message::is_tool_result);
-        interruption::render(m, rules.interrupted, &rules.interrupted_marker, answered)
+        let answered = history
+            .get(i + 1)
+            .is_some_and(|n| n.borrow().is_tool_result());
+        interruption::render(
+            m.borrow(),
+            rules.interrupted,
+            &rules.interrupted_marker,
+            answered,
+        )
     });
     let messages: Vec<Value> = instructions
         .iter()

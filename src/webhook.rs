@@ -41,7 +41,7 @@ pub enum Event {
         created_at: i64,
         ended_at: i64,
         system_messages: Vec<Message>,
-        contents: Vec<Message>,
+        contents: Vec<Arc<Message>>,
     },
     HistoryTrimmed {
         session_id: String,

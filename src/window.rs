@@ -5,6 +5,8 @@
 //! so a cut never lands on a `tool` message. The newest user message and
 //! everything after it are never cut away, whatever the limits say.
 
+use std::borrow::Borrow;
+
 use crate::message::Message;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -17,14 +19,22 @@ pub struct Limits {
 
 /// Index of the first message to send upstream: `history[start..]` is the
 /// window and `start` is how many messages were trimmed.
-pub fn window_start(history: &[Message], limits: Limits) -> usize {
+pub fn window_start<H: Borrow<Message>>(history: &[H], limits: Limits) -> usize {
     let floor = protected_start(history);
     let mut start = floor;
-    let mut chars: usize = history[floor..].iter().map(Message::char_cost).sum();
+    // Counting characters costs: only when there is a limit on them.
+    let cost = |m: &H| {
+        if limits.chars == 0 {
+            0
+        } else {
+            m.borrow().char_cost()
+        }
+    };
+    let mut chars: usize = history[floor..].iter().map(cost).sum();
     // Walk back from the protected tail while both limits still hold,
     // remembering the earliest position where a cut is allowed.
     for i in (0..floor).rev() {
-        chars = chars.saturating_add(history[i].char_cost());
+        chars = chars.saturating_add(cost(&history[i]));
         let count = history.len() - i;
         if (limits.messages != 0 && count > limits.messages)
             || (limits.chars != 0 && chars > limits.chars)
@@ -40,7 +50,7 @@ pub fn window_start(history: &[Message], limits: Limits) -> usize {
 
 /// Why a window left out older messages: what including one more would
 /// have exceeded. Call only with `start > 0`.
-pub fn trim_reason(history: &[Message], limits: Limits, start: usize) -> TrimReason {
+pub fn trim_reason<H>(history: &[H], limits: Limits, start: usize) -> TrimReason {
     let widened = history.len() - start + 1;
     if limits.messages != 0 && widened > limits.messages {
         TrimReason::MaxMessages
@@ -67,7 +77,7 @@ pub enum TrimScope {
 
 /// How many of the oldest messages to drop so that at most `max` remain
 /// (0 = keep all). Groups stay whole and the newest turn is always kept.
-pub fn keep_start(history: &[Message], max: usize) -> usize {
+pub fn keep_start<H: Borrow<Message>>(history: &[H], max: usize) -> usize {
     if max == 0 || history.len() <= max {
         return 0;
     }
@@ -79,17 +89,17 @@ pub fn keep_start(history: &[Message], max: usize) -> usize {
 
 /// The start of the part that is never trimmed: the newest user message,
 /// or failing that the last place a window may start.
-fn protected_start(history: &[Message]) -> usize {
+fn protected_start<H: Borrow<Message>>(history: &[H]) -> usize {
     history
         .iter()
-        .rposition(|m| m.role == "user")
+        .rposition(|m| m.borrow().role == "user")
         .or_else(|| (0..history.len()).rev().find(|&i| can_start_at(history, i)))
         .unwrap_or(history.len())
 }
 
 /// A window may not begin with a tool result: its tool call would be cut off.
-fn can_start_at(history: &[Message], i: usize) -> bool {
-    !history[i].is_tool_result()
+fn can_start_at<H: Borrow<Message>>(history: &[H], i: usize) -> bool {
+    !history[i].borrow().is_tool_result()
 }
 
 #[cfg(test)]
@@ -131,7 +141,7 @@ mod tests {
     fn no_limits_sends_everything() {
         let h = [u("1"), a("2"), u("3")];
         assert_eq!(window_start(&h, Limits::default()), 0);
-        assert_eq!(window_start(&[], count(3)), 0);
+        assert_eq!(window_start::<Message>(&[], count(3)), 0);
     }
 
     #[test]

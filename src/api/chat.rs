@@ -98,10 +98,15 @@ pub async fn completions(
         .collect();
 
     let scope = session_id.as_deref().map(|id| (id, incarnation));
-    let cache_key = app
-        .cache
-        .as_ref()
-        .and_then(|c| c.key(scope, &model, &all_instructions, window.last(), &body));
+    let cache_key = app.cache.as_ref().and_then(|c| {
+        c.key(
+            scope,
+            &model,
+            &all_instructions,
+            window.last().map(|m| &**m),
+            &body,
+        )
+    });
     if let Some(key) = cache_key.filter(|_| !bypass_cache(&headers)) {
         if let Some(answer) = app.cache.as_ref().and_then(|c| c.get(&key)) {
             return answer_from_cache(&app, &flight, &body, &model, &answer, now).await;

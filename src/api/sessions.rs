@@ -277,7 +277,7 @@ pub async fn history(
         .map_or(0, |n| history.messages.len().saturating_sub(n));
     let newest = &history.messages[skip..];
     let contents: Vec<Value> = if openai {
-        newest.iter().map(Message::to_openai).collect()
+        newest.iter().map(|m| m.to_openai()).collect()
     } else {
         newest.iter().map(|m| json!(m)).collect()
     };

@@ -55,7 +55,7 @@ pub struct Ended {
     pub turn_id: u64,
     pub users: Vec<String>,
     pub system_messages: Vec<Message>,
-    pub contents: Vec<Message>,
+    pub contents: Vec<Arc<Message>>,
 }
 
 impl Session {
@@ -88,6 +88,7 @@ impl Session {
         let mut st = self.settled(OnNewRequest::Interrupt)?;
         self.touch(now_ms);
         let turn = turns::stamp_client_messages(&mut messages, 0, None, now_ms);
+        let messages = messages.into_iter().map(Arc::new).collect();
         let old = std::mem::replace(&mut st.messages, messages);
         st.first_seq += old.len() as u64;
         st.turn_id = turn;
@@ -117,10 +118,10 @@ impl Session {
                 .entry("source")
                 .or_insert_with(|| Value::String("command".into()));
         }
-        st.turn_id =
-            turns::stamp_client_messages(&mut messages, st.turn_id, st.messages.last(), now_ms);
+        let last = st.messages.last().map(|m| &**m);
+        st.turn_id = turns::stamp_client_messages(&mut messages, st.turn_id, last, now_ms);
         let from = st.messages.len();
-        st.messages.extend(messages.iter().cloned());
+        st.messages.extend(messages.iter().cloned().map(Arc::new));
         let mut ops: Vec<Op> = (from..st.messages.len())
             .map(|i| self.push_op(&st, i))
             .collect();

@@ -54,7 +54,9 @@ pub struct Session {
 
 struct State {
     turn_id: u64,
-    messages: Vec<Message>,
+    /// Shared, so that a window or a storage op is a pointer copy and
+    /// dropping old messages moves pointers, not messages.
+    messages: Vec<Arc<Message>>,
     /// Sequence number of `messages[0]`: it grows as old messages are
     /// dropped, so a message keeps its number while it is stored.
     first_seq: u64,
@@ -91,14 +93,14 @@ impl State {
 #[derive(Debug, Clone)]
 pub struct History {
     pub turn_id: u64,
-    pub messages: Vec<Message>,
+    pub messages: Vec<Arc<Message>>,
 }
 
 /// What a turn sends upstream, decided when its messages were appended.
 #[derive(Debug)]
 pub struct Prepared {
     pub turn_id: u64,
-    pub window: Vec<Message>,
+    pub window: Vec<Arc<Message>>,
     pub system_messages: Vec<Message>,
     /// Changes when the history is reset or replaced (see `State`).
     pub incarnation: u64,
@@ -111,7 +113,7 @@ impl Prepared {
     pub fn stateless(conversation: Vec<Message>) -> Self {
         Self {
             turn_id: 0,
-            window: conversation,
+            window: conversation.into_iter().map(Arc::new).collect(),
             system_messages: Vec::new(),
             incarnation: 0,
             durable: Ticket::ready(),
@@ -164,7 +166,7 @@ impl Session {
             created_ms: meta.created_ms,
             last_active_ms: AtomicI64::new(meta.last_active_ms),
             state: Mutex::new(State {
-                messages,
+                messages: messages.into_iter().map(Arc::new).collect(),
                 ..State::new(meta)
             }),
         }
@@ -201,7 +203,7 @@ impl Session {
         Op::Push {
             id: self.id.clone(),
             seq: st.first_seq + index as u64,
-            message: st.messages[index].clone(),
+            message: Arc::clone(&st.messages[index]),
         }
     }
 
@@ -209,7 +211,7 @@ impl Session {
         Op::Set {
             id: self.id.clone(),
             seq: st.first_seq + index as u64,
-            message: st.messages[index].clone(),
+            message: Arc::clone(&st.messages[index]),
         }
     }
 
@@ -287,7 +289,7 @@ impl Session {
         self.last_active_ms
             .fetch_max(meta.last_active_ms, Ordering::Relaxed);
         *st = State {
-            messages,
+            messages: messages.into_iter().map(Arc::new).collect(),
             ..State::new(meta)
         };
     }
@@ -333,14 +335,15 @@ impl Session {
         let found = reconcile::reconcile(&st.messages, incoming, st.first_seq > 0);
         for (i, heard) in found.shortened {
             if let Some(m) = st.messages.get_mut(i) {
-                interruption::mark_stored(m, Some(&Spoken::Text(heard)), now_ms);
+                interruption::mark_stored(Arc::make_mut(m), Some(&Spoken::Text(heard)), now_ms);
                 ops.push(self.set_op(st, i));
             }
         }
         let mut new = incoming[found.overlap..].to_vec();
-        st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, st.messages.last(), now_ms);
+        let last = st.messages.last().map(|m| &**m);
+        st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, last, now_ms);
         let from = st.messages.len();
-        st.messages.extend(new);
+        st.messages.extend(new.into_iter().map(Arc::new));
         ops.extend((from..st.messages.len()).map(|i| self.push_op(st, i)));
         self.trim(st, policy, &mut ops);
 
@@ -412,7 +415,7 @@ impl Session {
         self.touch(crate::relay::now_ms());
         let mut ops = Vec::new();
         let seq = reply.map(|m| {
-            st.messages.push(m);
+            st.messages.push(Arc::new(m));
             ops.push(self.push_op(&st, st.messages.len() - 1));
             st.first_seq + st.messages.len() as u64 - 1
         });
@@ -443,7 +446,7 @@ impl Session {
         else {
             return Ticket::ready();
         };
-        change(&mut st.messages[index]);
+        change(Arc::make_mut(&mut st.messages[index]));
         let op = self.set_op(&st, index);
         self.persist(&st, policy, vec![op])
     }
@@ -476,6 +479,7 @@ impl Session {
         else {
             return Interrupted::NothingToInterrupt;
         };
+        let m = Arc::make_mut(m);
         interruption::mark_stored(m, spoken, now_ms);
         let record = m.clone();
         let op = self.set_op(&st, st.messages.len() - 1);

@@ -76,13 +76,13 @@ pub enum Op {
     Push {
         id: String,
         seq: u64,
-        message: Message,
+        message: Arc<Message>,
     },
     /// Replaces a stored message.
     Set {
         id: String,
         seq: u64,
-        message: Message,
+        message: Arc<Message>,
     },
     /// Drops messages older than `seq` (the oldest was `from`).
     DropBefore { id: String, from: u64, seq: u64 },

@@ -66,13 +66,23 @@ impl Sqlite {
                 },
             )?;
             migrate(&writer)?;
+            // Checkpoints copy the WAL back into the database and sync it:
+            // on the writer they would stall every commit queued behind
+            // them, so a thread of their own does them.
+            writer.pragma_update(None, "wal_autocheckpoint", 0)?;
             let reader = connect(&path)?;
-            Ok((writer, reader))
+            let checkpointer = connect(&path)?;
+            Ok((writer, (reader, checkpointer)))
         })
         .await
         .map_err(|e| StorageError::Task(e.to_string()))??;
+        let (reader, checkpointer) = reader;
 
         let (tx, rx) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("recall-sqlite-checkpoint".into())
+            .spawn(move || checkpoint_loop(checkpointer))
+            .map_err(|e| StorageError::Task(e.to_string()))?;
         std::thread::Builder::new()
             .name("recall-sqlite-writer".into())
             .spawn(move || write_loop(writer, rx))
@@ -194,6 +204,17 @@ impl Sqlite {
             Ok(ids)
         })
         .await
+    }
+}
+
+/// Moves committed pages from the WAL into the database once a second,
+/// without blocking the writer (PASSIVE), for as long as the process runs.
+fn checkpoint_loop(conn: Connection) {
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "sqlite checkpoint failed");
+        }
     }
 }
 
