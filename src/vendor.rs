@@ -13,7 +13,10 @@ use serde_json::{Map, Value};
 
 use crate::config::{InterruptedRendering, UpstreamConfig};
 use crate::interruption;
-use crate::message::Message;
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+
+use crate::message::{Message, OPENAI_FIELDS};
 
 /// Top-level fields that are recall's (or seed 000's) and not OpenAI's.
 pub const EXTENSION_FIELDS: &[&str] = &["session_id", "turn_id", "timestamp", "interruptable"];
@@ -46,53 +49,130 @@ pub struct TurnInfo {
     pub turn_id: u64,
 }
 
-/// Rewrites the client's `body` in place into the upstream body.
+/// The upstream body, serialised: the client's `body` with its messages
+/// replaced by `instructions` and the window of `history`, rewritten for
+/// the vendor mode. Written straight out, field by field: no message is
+/// copied into an intermediate JSON value.
 pub fn rewrite<H: Borrow<Message>>(
     rules: &VendorRules,
-    body: &mut Map<String, Value>,
+    body: &Map<String, Value>,
     instructions: &[Message],
     history: &[H],
     turn: Option<TurnInfo>,
     now_ms: i64,
-) {
-    let render = |m: &Message| {
-        if rules.custom {
-            serde_json::to_value(m).unwrap_or(Value::Null)
-        } else {
-            m.to_openai()
-        }
-    };
-    let shown = history.iter().enumerate().filter_map(|(i, m)| {
-        let answered = history
-            .get(i + 1)
-            .is_some_and(|n| n.borrow().is_tool_result());
-        interruption::render(
-            m.borrow(),
-            rules.interrupted,
-            &rules.interrupted_marker,
-            answered,
-        )
-    });
-    let messages: Vec<Value> = instructions
-        .iter()
-        .map(render)
-        .chain(shown.map(|m| render(&m)))
-        .collect();
-    body.insert("messages".into(), Value::Array(messages));
+) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&UpstreamBody {
+        rules,
+        body,
+        instructions,
+        history,
+        turn,
+        now_ms,
+    })
+}
 
-    if rules.custom {
-        if let Some(t) = turn {
-            body.insert("turn_id".into(), t.turn_id.into());
-        }
-        body.insert("timestamp".into(), now_ms.into());
-        body.insert("interruptable".into(), rules.interruptable.into());
-    } else {
-        for field in EXTENSION_FIELDS {
-            body.shift_remove(*field);
-        }
+struct UpstreamBody<'a, H> {
+    rules: &'a VendorRules,
+    body: &'a Map<String, Value>,
+    instructions: &'a [Message],
+    history: &'a [H],
+    turn: Option<TurnInfo>,
+    now_ms: i64,
+}
+
+impl<H: Borrow<Message>> UpstreamBody<'_, H> {
+    /// Whether a field of the client's body is left out.
+    fn drops(&self, key: &str) -> bool {
+        // In custom mode these are recall's own, written below.
+        let extension =
+            EXTENSION_FIELDS.contains(&key) && (!self.rules.custom || key != "session_id");
+        extension || self.rules.strip_fields.iter().any(|f| f == key)
     }
-    for field in &rules.strip_fields {
-        body.shift_remove(field);
+}
+
+impl<H: Borrow<Message>> Serialize for UpstreamBody<'_, H> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        let mut wrote_messages = false;
+        for (key, value) in self.body {
+            if key == "messages" {
+                map.serialize_entry("messages", &Messages(self))?;
+                wrote_messages = true;
+            } else if !self.drops(key) {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        if !wrote_messages {
+            map.serialize_entry("messages", &Messages(self))?;
+        }
+        if self.rules.custom {
+            if let Some(t) = self.turn {
+                map.serialize_entry("turn_id", &t.turn_id)?;
+            }
+            map.serialize_entry("timestamp", &self.now_ms)?;
+            map.serialize_entry("interruptable", &self.rules.interruptable)?;
+        }
+        map.end()
+    }
+}
+
+struct Messages<'b, 'a, H>(&'b UpstreamBody<'a, H>);
+
+impl<H: Borrow<Message>> Serialize for Messages<'_, '_, H> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let b = self.0;
+        let rules = b.rules;
+        let mut seq = serializer.serialize_seq(None)?;
+        for m in b.instructions {
+            seq.serialize_element(&View(m, rules.custom))?;
+        }
+        for (i, m) in b.history.iter().enumerate() {
+            let answered = b
+                .history
+                .get(i + 1)
+                .is_some_and(|n| n.borrow().is_tool_result());
+            let shown = interruption::render(
+                m.borrow(),
+                rules.interrupted,
+                &rules.interrupted_marker,
+                answered,
+            );
+            if let Some(shown) = shown {
+                seq.serialize_element(&View(&shown, rules.custom))?;
+            }
+        }
+        seq.end()
+    }
+}
+
+/// A message as a vendor mode shows it: whole for "custom", else only
+/// OpenAI's fields.
+struct View<'a>(&'a Message, bool);
+
+impl Serialize for View<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let View(m, custom) = *self;
+        if custom {
+            return m.serialize(serializer);
+        }
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("role", &m.role)?;
+        map.serialize_entry("content", &m.content)?;
+        if let Some(name) = &m.name {
+            map.serialize_entry("name", name)?;
+        }
+        if let Some(calls) = &m.tool_calls {
+            map.serialize_entry("tool_calls", calls)?;
+        }
+        if let Some(id) = &m.tool_call_id {
+            map.serialize_entry("tool_call_id", id)?;
+        }
+        for (k, v) in &m.extra {
+            if OPENAI_FIELDS.contains(&k.as_str()) {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
     }
 }
 
@@ -129,20 +209,26 @@ mod tests {
         .unwrap()
     }
 
+    fn sent(
+        rules: &VendorRules,
+        sys: &[Message],
+        history: &[Message],
+        turn: Option<TurnInfo>,
+    ) -> Value {
+        serde_json::from_slice(&rewrite(rules, &body(), sys, history, turn, 5).unwrap()).unwrap()
+    }
+
     #[test]
     fn openai_mode_sends_only_openai_fields() {
-        let mut b = body();
         let sys = [Message::new("system", "be brief")];
-        rewrite(
+        let b = sent(
             &rules(false),
-            &mut b,
             &sys,
             &history(),
             Some(TurnInfo { turn_id: 2 }),
-            5,
         );
         assert_eq!(
-            Value::Object(b),
+            b,
             json!({"model": "m",
                    "messages": [{"role": "system", "content": "be brief"},
                                 {"role": "user", "content": "hi"}],
@@ -161,32 +247,27 @@ mod tests {
             None,
         );
         let history = [Message::new("user", "q"), cut];
-        let mut b = body();
-        rewrite(&rules(false), &mut b, &[], &history, None, 5);
+        let b = sent(&rules(false), &[], &history, None);
         assert_eq!(
             b["messages"][1],
             json!({"role": "assistant", "content": "Why [cut]"})
         );
-        let mut b = body();
-        rewrite(&rules(true), &mut b, &[], &history, None, 5);
+        let b = sent(&rules(true), &[], &history, None);
         assert_eq!(b["messages"][1]["content"], "Why [cut]");
         assert_eq!(b["messages"][1]["metadata"]["original"], "Why not");
     }
 
     #[test]
     fn custom_mode_forwards_everything_and_adds_turn_fields() {
-        let mut b = body();
         let sys = [Message::new("system", "be brief")];
-        rewrite(
+        let b = sent(
             &rules(true),
-            &mut b,
             &sys,
             &history(),
             Some(TurnInfo { turn_id: 2 }),
-            5,
         );
         assert_eq!(
-            Value::Object(b),
+            b,
             json!({"model": "m",
                    "messages": [{"role": "system", "content": "be brief"},
                                 {"role": "user", "content": "hi", "turn_id": 2, "timestamp": 10,

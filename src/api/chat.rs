@@ -121,15 +121,14 @@ pub async fn completions(
         }));
     }
 
-    vendor::rewrite(
+    let upstream_body = match vendor::rewrite(
         &upstream.rules,
-        &mut body,
+        &body,
         &all_instructions,
         &window,
         turn,
         now,
-    );
-    let upstream_body = match serde_json::to_vec(&body) {
+    ) {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(error = %e, "could not serialise the upstream body");
@@ -307,8 +306,8 @@ fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-/// Takes `messages` out of the body; `vendor::rewrite` puts the rewritten
-/// list back in the same place.
+/// Takes `messages` out of the body; `vendor::rewrite` writes the new list
+/// in the same place.
 fn take_messages(body: &mut Map<String, Value>) -> Result<Vec<Message>, ApiError> {
     match body.get_mut("messages") {
         Some(Value::Array(list)) => Ok(parse_messages(std::mem::take(list))?),
