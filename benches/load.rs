@@ -327,11 +327,21 @@ fn request_body(stream: bool, i: usize) -> String {
 
 /// Open loop: request `i` is due at `start + i / rate`, whatever happened
 /// to the earlier ones; its latency counts from then.
+/// One client for the whole run, so that warm-up connections are reused.
+fn client() -> reqwest::Client {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .pool_max_idle_per_host(1024)
+                .build()
+                .expect("client")
+        })
+        .clone()
+}
+
 async fn open_loop(target: &Target, s: &Scenario) -> Stats {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1024)
-        .build()
-        .expect("client");
+    let client = client();
     let total = (s.rate * s.secs) as usize;
     let start = tokio::time::Instant::now() + Duration::from_millis(20);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -423,7 +433,7 @@ fn ms(d: Duration) -> f64 {
 /// Closed loop with `conns` connections, each sending its next request as
 /// soon as the last one is answered: the highest sustained rate.
 async fn max_rate(target: &Target, conns: usize, secs: f64) -> f64 {
-    let client = reqwest::Client::new();
+    let client = client();
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let url = format!("{}/chat/completions", target.base);
     let workers: Vec<_> = (0..conns)
@@ -706,7 +716,7 @@ async fn warm_up(target: &Target, s: &Scenario) {
 /// One conversation at a time per session: each session's next turn is
 /// sent when its last one is answered (turns of one session never overlap).
 async fn sequential(target: &Target, s: &Scenario) -> Stats {
-    let client = reqwest::Client::new();
+    let client = client();
     let url = format!("{}/chat/completions", target.base);
     let per_session = ((s.rate * s.secs) as usize / s.sessions).max(1);
     let start = Instant::now();

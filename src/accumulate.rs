@@ -4,7 +4,10 @@
 //! Only choice 0 is remembered when `n > 1`. Chunks without choices (the
 //! usage chunk of `stream_options.include_usage`) are fine.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+use serde::Deserialize;
 
 use serde_json::{Map, Value};
 
@@ -46,8 +49,85 @@ struct ToolFunction {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     Done,
-    Chunk(Value),
+    Chunk(Delta),
     Malformed,
+}
+
+/// What a chunk adds to choice 0, and any error it carries: all that is
+/// kept of it. Parsed into typed fields (borrowing the text where it can),
+/// not into a JSON tree, since every streamed token goes through here.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Delta {
+    content: Option<String>,
+    refusal: Option<String>,
+    tool_calls: Vec<(u64, ToolCallDe<'static>)>,
+    function_call: Option<FunctionDe<'static>>,
+    /// `Some` once choice 0 has a non-null `finish_reason`.
+    finish_reason: Option<Option<String>>,
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChunkDe<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<ChoiceDe<'a>>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceDe<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    delta: Option<DeltaDe<'a>>,
+    #[serde(default)]
+    finish_reason: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct DeltaDe<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<ToolCallDe<'a>>>,
+    #[serde(default, borrow)]
+    function_call: Option<FunctionDe<'a>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct ToolCallDe<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(default, borrow, rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    function: Option<FunctionDe<'a>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+struct FunctionDe<'a> {
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+fn owned(c: Option<Cow<'_, str>>) -> Option<Cow<'static, str>> {
+    c.map(|c| Cow::Owned(c.into_owned()))
+}
+
+impl FunctionDe<'_> {
+    fn into_owned(self) -> FunctionDe<'static> {
+        FunctionDe {
+            name: owned(self.name),
+            arguments: owned(self.arguments),
+        }
+    }
 }
 
 impl Event {
@@ -56,7 +136,56 @@ impl Event {
         if data == "[DONE]" {
             return Event::Done;
         }
-        serde_json::from_str(data).map_or(Event::Malformed, Event::Chunk)
+        let Ok(chunk) = serde_json::from_str::<ChunkDe<'_>>(data) else {
+            return Event::Malformed;
+        };
+        let mut delta = Delta {
+            error: chunk.error.map(|err| {
+                let msg = err.get("message").and_then(Value::as_str);
+                msg.map_or_else(|| err.to_string(), str::to_owned)
+            }),
+            ..Delta::default()
+        };
+        let has_index = chunk.choices.iter().any(|c| c.index.is_some());
+        let choice = chunk
+            .choices
+            .into_iter()
+            .enumerate()
+            .find(|(i, c)| {
+                if has_index {
+                    c.index == Some(0)
+                } else {
+                    *i == 0
+                }
+            })
+            .map(|(_, c)| c);
+        if let Some(choice) = choice {
+            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_null()) {
+                delta.finish_reason = Some(reason.as_str().map(str::to_owned));
+            }
+            if let Some(d) = choice.delta {
+                delta.content = d.content.map(Cow::into_owned);
+                delta.refusal = d.refusal.map(Cow::into_owned);
+                delta.function_call = d.function_call.map(FunctionDe::into_owned);
+                delta.tool_calls = d
+                    .tool_calls
+                    .unwrap_or_default()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(position, c)| {
+                        let index = c.index.unwrap_or(position as u64);
+                        let call = ToolCallDe {
+                            index: c.index,
+                            id: owned(c.id),
+                            kind: owned(c.kind),
+                            function: c.function.map(FunctionDe::into_owned),
+                        };
+                        (index, call)
+                    })
+                    .collect();
+            }
+        }
+        Event::Chunk(delta)
     }
 }
 
@@ -69,7 +198,7 @@ impl ReplyAccumulator {
     pub fn push(&mut self, event: &Event) {
         match event {
             Event::Done => self.done = true,
-            Event::Chunk(chunk) => self.push_chunk(chunk),
+            Event::Chunk(delta) => self.push_delta(delta),
             Event::Malformed => self.malformed += 1,
         }
     }
@@ -79,51 +208,34 @@ impl ReplyAccumulator {
         self.done || self.finished
     }
 
-    pub fn push_chunk(&mut self, chunk: &Value) {
-        if let Some(err) = chunk.get("error") {
-            let msg = err.get("message").and_then(Value::as_str);
-            self.error = Some(msg.map_or_else(|| err.to_string(), str::to_owned));
+    fn push_delta(&mut self, delta: &Delta) {
+        if let Some(err) = &delta.error {
+            self.error = Some(err.clone());
         }
-        let Some(choice) = first_choice(chunk) else {
-            return;
-        };
-        if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
+        if let Some(reason) = &delta.finish_reason {
             self.finished = true;
-            self.finish_reason = reason.as_str().map(str::to_owned);
+            self.finish_reason = reason.clone();
         }
-        let Some(delta) = choice.get("delta") else {
-            return;
-        };
-        if let Some(text) = delta.get("content").and_then(Value::as_str) {
+        if let Some(text) = &delta.content {
             self.content.push_str(text);
         }
-        if let Some(text) = delta.get("refusal").and_then(Value::as_str) {
+        if let Some(text) = &delta.refusal {
             self.refusal.push_str(text);
         }
-        if let Some(f) = delta.get("function_call") {
+        if let Some(f) = &delta.function_call {
             self.function_call
                 .get_or_insert_with(ToolFunction::default)
                 .extend(f);
         }
-        for (position, call) in delta
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let index = call
-                .get("index")
-                .and_then(Value::as_u64)
-                .unwrap_or(position as u64);
-            let entry = self.tool_calls.entry(index).or_default();
-            if let Some(id) = call.get("id").and_then(Value::as_str) {
-                entry.id = Some(id.to_owned());
+        for (index, call) in &delta.tool_calls {
+            let entry = self.tool_calls.entry(*index).or_default();
+            if let Some(id) = &call.id {
+                entry.id = Some(id.to_string());
             }
-            if let Some(kind) = call.get("type").and_then(Value::as_str) {
-                entry.kind = Some(kind.to_owned());
+            if let Some(kind) = &call.kind {
+                entry.kind = Some(kind.to_string());
             }
-            if let Some(f) = call.get("function") {
+            if let Some(f) = &call.function {
                 entry.function.extend(f);
             }
         }
@@ -166,11 +278,11 @@ impl ReplyAccumulator {
 }
 
 impl ToolFunction {
-    fn extend(&mut self, f: &Value) {
-        if let Some(name) = f.get("name").and_then(Value::as_str) {
+    fn extend(&mut self, f: &FunctionDe<'_>) {
+        if let Some(name) = &f.name {
             self.name.push_str(name);
         }
-        if let Some(args) = f.get("arguments").and_then(Value::as_str) {
+        if let Some(args) = &f.arguments {
             self.arguments.push_str(args);
         }
     }
