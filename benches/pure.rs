@@ -16,7 +16,7 @@ fn history(n: usize) -> Vec<Message> {
             let mut m = Message::new(role, format!("message number {i} ").repeat(10));
             m.turn_id = Some(i as u64 / 2 + 1);
             m.timestamp = Some(1_700_000_000_000 + i as i64);
-            m.metadata_mut().insert("source".into(), json!("message"));
+            m.metadata_mut().insert("source", json!("message"));
             m
         })
         .collect()

@@ -65,8 +65,8 @@ pub fn interrupted_reply(
         relayed.content = Value::String(spoken.apply(&current));
     }
     let md = relayed.metadata_mut();
-    md.insert(INTERRUPTED.into(), Value::Bool(true));
-    md.insert(INTERRUPT_TIMESTAMP.into(), at_ms.into());
+    md.insert(INTERRUPTED, Value::Bool(true));
+    md.insert(INTERRUPT_TIMESTAMP, at_ms.into());
     set_original(&mut relayed, full, full_complete);
     relayed
 }
@@ -77,21 +77,21 @@ pub fn set_original(m: &mut Message, full: &Message, complete: bool) {
     let calls = full.tool_calls.clone();
     let differs = calls != m.tool_calls;
     let md = m.metadata_mut();
-    md.insert(ORIGINAL.into(), Value::String(text));
-    md.insert(ORIGINAL_COMPLETE.into(), Value::Bool(complete));
+    md.insert(ORIGINAL, Value::String(text));
+    md.insert(ORIGINAL_COMPLETE, Value::Bool(complete));
     match calls {
         Some(calls) if differs => {
-            md.insert(ORIGINAL_TOOL_CALLS.into(), Value::Array(calls));
+            md.insert(ORIGINAL_TOOL_CALLS, Value::Array(calls));
         }
         _ => {
-            md.shift_remove(ORIGINAL_TOOL_CALLS);
+            md.remove(ORIGINAL_TOOL_CALLS);
         }
     }
 }
 
 pub fn set_error(m: &mut Message, error: &str) {
     m.metadata_mut()
-        .insert(ERROR.into(), Value::String(error.to_owned()));
+        .insert(ERROR, Value::String(error.to_owned()));
 }
 
 /// Marks a stored reply as interrupted after the fact: the agent says the
@@ -102,8 +102,8 @@ pub fn mark_stored(m: &mut Message, spoken: Option<&Spoken>, at_ms: i64) {
     if !is_interrupted(m) {
         let full = m.clone();
         let md = m.metadata_mut();
-        md.insert(INTERRUPTED.into(), Value::Bool(true));
-        md.insert(INTERRUPT_TIMESTAMP.into(), at_ms.into());
+        md.insert(INTERRUPTED, Value::Bool(true));
+        md.insert(INTERRUPT_TIMESTAMP, at_ms.into());
         set_original(m, &full, true);
     }
     if let Some(spoken) = spoken {
@@ -115,7 +115,7 @@ pub fn mark_stored(m: &mut Message, spoken: Option<&Spoken>, at_ms: i64) {
 pub fn failure_reply(text: &str, error: &str) -> Message {
     let mut m = Message::new("assistant", text);
     m.metadata_mut()
-        .insert("source".into(), Value::String(SOURCE_FAILURE.into()));
+        .insert("source", Value::String(SOURCE_FAILURE.into()));
     set_error(&mut m, error);
     m
 }
@@ -180,7 +180,7 @@ mod tests {
         );
         assert_eq!(m.content, "Why did");
         assert_eq!(
-            Value::Object(m.metadata.unwrap()),
+            m.metadata.unwrap().to_value(),
             json!({"interrupted": true, "interrupt_timestamp": 42,
                    "original": "Why did the scarecrow", "original_complete": true})
         );
@@ -217,7 +217,10 @@ mod tests {
         mark_stored(&mut m, Some(&Spoken::Text("The".into())), 6);
         assert_eq!(m.content, "The");
         assert_eq!(m.meta_str(ORIGINAL), Some("The whole story."));
-        assert_eq!(m.metadata.as_ref().unwrap()[INTERRUPT_TIMESTAMP], 5);
+        assert_eq!(
+            m.metadata.as_ref().unwrap().get(INTERRUPT_TIMESTAMP),
+            Some(&Value::from(5))
+        );
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! Fields nobody here knows about are kept in `extra`, so that vendor
 //! "custom" can forward everything a client sent.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -52,7 +54,7 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Map<String, Value>>,
+    pub metadata: Option<Metadata>,
     /// `refusal`, `audio`, `function_call` and anything unknown.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -103,11 +105,11 @@ impl Message {
     }
 
     pub fn meta_str(&self, key: &str) -> Option<&str> {
-        self.metadata.as_ref()?.get(key)?.as_str()
+        self.metadata.as_ref()?.get_str(key)
     }
 
-    pub fn metadata_mut(&mut self) -> &mut Map<String, Value> {
-        self.metadata.get_or_insert_with(Map::new)
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        self.metadata.get_or_insert_with(Metadata::default)
     }
 
     /// Characters this message costs in a window: text counts its chars,
@@ -145,6 +147,115 @@ impl Message {
             }
         }
         Value::Object(out)
+    }
+}
+
+/// A message's `metadata`, kept small: nearly every stored message has a
+/// `source`, nearly always one of a few words, so it has a field of its own
+/// that costs no allocation; anything else is kept in order beside it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Metadata {
+    source: Option<Cow<'static, str>>,
+    rest: Vec<(String, Value)>,
+}
+
+const KNOWN_SOURCES: &[&str] = &[
+    "message",
+    "llm",
+    "llm_failure",
+    "cache",
+    "asr",
+    "greeting",
+    "command",
+    "silence",
+];
+
+fn source_word(text: &str) -> Cow<'static, str> {
+    match KNOWN_SOURCES.iter().find(|k| **k == text) {
+        Some(k) => Cow::Borrowed(k),
+        None => Cow::Owned(text.to_owned()),
+    }
+}
+
+impl Metadata {
+    /// Any field but `source` (see `get_str`).
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.rest.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// A text field, `source` included.
+    pub fn get_str(&self, key: &str) -> Option<&str> {
+        if key == "source" {
+            return self.source.as_deref();
+        }
+        self.get(key)?.as_str()
+    }
+
+    pub fn insert(&mut self, key: impl Into<String>, value: Value) {
+        let key = key.into();
+        if key == "source" {
+            if let Value::String(text) = &value {
+                self.source = Some(source_word(text));
+                return;
+            }
+            self.source = None;
+        }
+        match self.rest.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => *v = value,
+            None => self.rest.push((key, value)),
+        }
+    }
+
+    /// Sets `key` unless it is set already.
+    pub fn insert_default(&mut self, key: &str, value: impl FnOnce() -> Value) {
+        let present = if key == "source" {
+            self.source.is_some() || self.get(key).is_some()
+        } else {
+            self.get(key).is_some()
+        };
+        if !present {
+            self.insert(key, value());
+        }
+    }
+
+    pub fn remove(&mut self, key: &str) {
+        if key == "source" {
+            self.source = None;
+        }
+        self.rest.retain(|(k, _)| k != key);
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+impl Serialize for Metadata {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.rest.len() + 1))?;
+        if let Some(source) = &self.source {
+            map.serialize_entry("source", source)?;
+        }
+        for (k, v) in &self.rest {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let map = Map::<String, Value>::deserialize(deserializer)?;
+        let mut meta = Metadata {
+            source: None,
+            rest: Vec::with_capacity(map.len()),
+        };
+        for (k, v) in map {
+            meta.insert(k, v);
+        }
+        meta.rest.shrink_to_fit();
+        Ok(meta)
     }
 }
 

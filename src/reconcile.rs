@@ -380,9 +380,7 @@ mod tests {
         let mut stored = u("u1");
         stored.turn_id = Some(1);
         stored.timestamp = Some(5);
-        stored
-            .metadata_mut()
-            .insert("source".into(), json!("message"));
+        stored.metadata_mut().insert("source", json!("message"));
         assert!(to_append(&[stored, a("a1")], &[u("u1"), a("a1"), u("u2")]).len() == 1);
     }
 }

@@ -52,8 +52,7 @@ pub fn stamp_reply(reply: &mut Message, turn: u64, now_ms: i64) {
 fn fill(m: &mut Message, now_ms: i64, source: &str) {
     m.timestamp.get_or_insert(now_ms);
     m.metadata_mut()
-        .entry("source")
-        .or_insert_with(|| Value::String(source.to_owned()));
+        .insert_default("source", || Value::String(source.to_owned()));
 }
 
 #[cfg(test)]
@@ -110,7 +109,7 @@ mod tests {
         let mut m = Message::new("user", "hi");
         m.turn_id = Some(10);
         m.timestamp = Some(99);
-        m.metadata_mut().insert("source".into(), json!("asr"));
+        m.metadata_mut().insert("source", json!("asr"));
         let mut ms = vec![m, Message::new("user", "again")];
         assert_eq!(stamp_client_messages(&mut ms, 2, None, 1), 11);
         assert_eq!(turns(&ms), [10, 11]);

@@ -195,7 +195,7 @@ mod tests {
         let mut m = Message::new("user", "hi");
         m.turn_id = Some(2);
         m.timestamp = Some(10);
-        m.metadata_mut().insert("source".into(), json!("asr"));
+        m.metadata_mut().insert("source", json!("asr"));
         m.extra.insert("x_field".into(), json!(1));
         vec![m]
     }

@@ -217,8 +217,7 @@ async fn open_turn(
 fn label_user(conversation: &mut [Message], user: &str) {
     for m in conversation.iter_mut().filter(|m| m.role == "user") {
         m.metadata_mut()
-            .entry("user")
-            .or_insert_with(|| Value::String(user.to_owned()));
+            .insert_default("user", || Value::String(user.to_owned()));
     }
 }
 
@@ -244,7 +243,7 @@ async fn answer_from_cache(
     let mut reply = Message::new("assistant", answer);
     reply
         .metadata_mut()
-        .insert("source".into(), Value::String("cache".into()));
+        .insert("source", Value::String("cache".into()));
     flight.started(now);
     flight
         .completed_whole(reply, Some("stop".into()))

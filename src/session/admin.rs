@@ -115,8 +115,7 @@ impl Session {
         self.touch(now_ms);
         for m in messages.iter_mut().filter(|m| m.role == "assistant") {
             m.metadata_mut()
-                .entry("source")
-                .or_insert_with(|| Value::String("command".into()));
+                .insert_default("source", || Value::String("command".into()));
         }
         let last = st.messages.last().map(|m| &**m);
         st.turn_id = turns::stamp_client_messages(&mut messages, st.turn_id, last, now_ms);
