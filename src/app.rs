@@ -49,6 +49,7 @@ impl App {
         let storage = Storage::open(&config.storage)
             .await
             .map_err(|e| BuildError::new("storage", e))?;
+        let storage: Arc<Storage> = storage;
         let upstreams = Upstreams::from_config(&config.upstreams)?;
         let instructions = config
             .system_messages
@@ -61,9 +62,8 @@ impl App {
             .collect();
         let counters = Arc::new(Counters::default());
         let notifier: Arc<dyn Notifier> = match &config.webhook.url {
-            Some(url) => {
-                Webhook::start(&config.webhook, url).map_err(|e| BuildError::new("webhook", e))?
-            }
+            Some(url) => Webhook::start(&config.webhook, url, Arc::clone(&storage))
+                .map_err(|e| BuildError::new("webhook", e))?,
             None => Arc::new(LogOnly),
         };
         let policy = Arc::new(Policy {

@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::WebhookConfig;
 use crate::message::Message;
+use crate::storage::{Op, Storage};
 use crate::window::{TrimReason, TrimScope};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -114,6 +115,8 @@ pub struct Webhook {
 }
 
 struct Delivery {
+    /// Where an event that cannot be delivered is kept for a later try.
+    storage: Arc<Storage>,
     url: String,
     secret: Option<Vec<u8>>,
     client: reqwest::Client,
@@ -127,7 +130,11 @@ struct Delivery {
 }
 
 impl Webhook {
-    pub fn start(config: &WebhookConfig, url: &str) -> Result<Arc<Self>, reqwest::Error> {
+    pub fn start(
+        config: &WebhookConfig,
+        url: &str,
+        storage: Arc<Storage>,
+    ) -> Result<Arc<Self>, reqwest::Error> {
         let secret = config
             .secret_env
             .as_deref()
@@ -140,6 +147,7 @@ impl Webhook {
             );
         }
         let delivery = Arc::new(Delivery {
+            storage,
             url: url.to_owned(),
             secret,
             client: reqwest::Client::builder()
@@ -155,10 +163,12 @@ impl Webhook {
             pending: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
         });
-        Ok(Arc::new(Self {
+        let webhook = Arc::new(Self {
             events: config.events.clone(),
             delivery,
-        }))
+        });
+        tokio::spawn(Arc::clone(&webhook.delivery).redeliver_kept());
+        Ok(webhook)
     }
 }
 
@@ -208,7 +218,53 @@ impl Delivery {
                 return;
             }
         };
-        let signature = self.secret.as_deref().map(|s| sign(s, &body));
+        if self.post(&body, event.name(), event.session_id()).await {
+            return;
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if self.storage.persistent() {
+            let kept = self
+                .storage
+                .submit(vec![Op::KeepEvent { body: text.clone() }])
+                .durable()
+                .await;
+            if kept.is_ok() {
+                tracing::error!(event = event.name(), session = event.session_id(),
+                    "webhook delivery failed after all retries; the event is kept in storage and sent again after a restart");
+                return;
+            }
+        }
+        tracing::error!(event = event.name(), session = event.session_id(), body = %text,
+            "webhook delivery failed after all retries; the event is in this log line");
+    }
+
+    /// Events kept by an earlier run: each is sent again (with retries) and
+    /// forgotten once delivered.
+    async fn redeliver_kept(self: Arc<Self>) {
+        let kept = match self.storage.kept_events().await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read kept webhook events");
+                return;
+            }
+        };
+        for (id, body) in kept {
+            let delivery = Arc::clone(&self);
+            tokio::spawn(async move {
+                if delivery.post(body.as_bytes(), "kept", &id).await {
+                    let _ = delivery
+                        .storage
+                        .submit(vec![Op::ForgetEvent { id }])
+                        .durable()
+                        .await;
+                }
+            });
+        }
+    }
+
+    /// Posts one body with retries; whether it was accepted.
+    async fn post(&self, body: &[u8], name: &str, session: &str) -> bool {
+        let signature = self.secret.as_deref().map(|s| sign(s, body));
         let mut wait = self.backoff;
         for attempt in 0..=self.max_retries {
             if attempt > 0 {
@@ -222,33 +278,25 @@ impl Delivery {
                 .client
                 .post(&self.url)
                 .header("content-type", "application/json")
-                .body(body.clone());
+                .body(body.to_vec());
             if let Some(sig) = &signature {
                 req = req.header("x-recall-signature", sig.as_str());
             }
             match req.send().await {
                 Ok(resp) if resp.status().is_success() => {
-                    tracing::debug!(
-                        event = event.name(),
-                        session = event.session_id(),
-                        attempt,
-                        "webhook delivered"
-                    );
-                    return;
+                    tracing::debug!(event = name, session, attempt, "webhook delivered");
+                    return true;
                 }
                 Ok(resp) => {
-                    tracing::warn!(event = event.name(), session = event.session_id(), attempt,
+                    tracing::warn!(event = name, session, attempt,
                         status = %resp.status(), "webhook refused the event");
                 }
                 Err(e) => {
-                    tracing::warn!(event = event.name(), session = event.session_id(), attempt,
-                        error = %e, "webhook unreachable");
+                    tracing::warn!(event = name, session, attempt, error = %e, "webhook unreachable");
                 }
             }
         }
-        tracing::error!(event = event.name(), session = event.session_id(),
-            body = %String::from_utf8_lossy(&body),
-            "webhook delivery failed after all retries; the event is in this log line");
+        false
     }
 }
 

@@ -335,3 +335,65 @@ async fn sigterm_lets_short_replies_finish_and_records_long_ones_as_interrupted(
         .unwrap()
         .starts_with("long "));
 }
+
+#[tokio::test]
+async fn an_undeliverable_event_is_kept_and_sent_after_a_restart() {
+    if !runs_here() {
+        return;
+    }
+    let db = temp_db("kept-events");
+    let upstream = MockUpstream::start().await;
+    let config = |hook: &str| {
+        format!(
+            "[storage]\nbackend = \"sqlite\"\npath = \"{}\"\n\
+             [webhook]\nurl = \"{hook}\"\nmax_retries = 1\nretry_backoff_ms = 20\n\
+             [[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+            db.display(),
+            upstream.base_url()
+        )
+    };
+    // The receiver refuses everything: the event is kept, not lost.
+    let down = WebhookReceiver::start(usize::MAX).await;
+    let first = Harness::with_config(&config(&down.url), upstream.clone()).await;
+    first.say("kept", "remember me").await;
+    first.api(Method::POST, "/v1/sessions/kept/end", None).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while first
+        .app
+        .policy
+        .storage
+        .kept_events()
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the event was not kept");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(down.attempts(), 2);
+    first.app.wind_down().await;
+
+    // After a restart with a working receiver, it is delivered and forgotten.
+    let up = WebhookReceiver::start(0).await;
+    let second = Harness::with_config(&config(&up.url), upstream.clone()).await;
+    let (_, _, event) = up
+        .wait_for(Duration::from_secs(5), |e| e["session_id"] == "kept")
+        .await;
+    assert_eq!(event["contents"][0]["content"], "remember me");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !second
+        .app
+        .policy
+        .storage
+        .kept_events()
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the delivered event was not forgotten"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

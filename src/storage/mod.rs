@@ -93,6 +93,11 @@ pub enum Op {
     /// Gives up a session's lease (shared storage only), after the writes
     /// queued before it.
     Release { id: String, token: String },
+    /// Keeps a webhook event that could not be delivered, to try again
+    /// after a restart.
+    KeepEvent { body: String },
+    /// Forgets a kept event (delivered at last).
+    ForgetEvent { id: String },
 }
 
 /// Resolves when the ops it was issued for are durable (or failed).
@@ -263,6 +268,16 @@ impl Storage {
             Storage::Memory => Ok(Vec::new()),
             Storage::Sqlite(s) => s.idle(cutoff_ms, limit).await,
             Storage::Redis(r) => r.idle(cutoff_ms, limit).await,
+        }
+    }
+
+    /// Webhook events kept undelivered: their ids and bodies.
+    pub async fn kept_events(&self) -> Result<Vec<(String, String)>, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(Vec::new()),
+            Storage::Sqlite(s) => s.kept_events().await,
+            Storage::Redis(r) => r.kept_events().await,
         }
     }
 

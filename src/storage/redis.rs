@@ -302,6 +302,15 @@ impl Redis {
         Ok(out)
     }
 
+    pub async fn kept_events(&self) -> Result<Vec<(String, String)>, StorageError> {
+        let mut conn = self.conn.clone();
+        let kept: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(format!("{}:undelivered", self.prefix))
+            .query_async(&mut conn)
+            .await?;
+        Ok(kept.into_iter().collect())
+    }
+
     pub async fn count(&self) -> Result<usize, StorageError> {
         let mut conn = self.conn.clone();
         Ok(redis::cmd("ZCARD")
@@ -531,6 +540,20 @@ async fn apply(
                 known.remove(id.as_str());
             }
             Op::Release { id, token } => releases.push((key("lease", id), token.clone())),
+            Op::KeepEvent { body } => {
+                let field = format!("{:x}", ring_random());
+                pipe.cmd("HSET")
+                    .arg(format!("{prefix}:undelivered"))
+                    .arg(field)
+                    .arg(body)
+                    .ignore();
+            }
+            Op::ForgetEvent { id } => {
+                pipe.cmd("HDEL")
+                    .arg(format!("{prefix}:undelivered"))
+                    .arg(id)
+                    .ignore();
+            }
         }
     }
     touched.sort_unstable();

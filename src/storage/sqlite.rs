@@ -35,6 +35,11 @@ const MIGRATIONS: &[&str] = &[
          body TEXT NOT NULL,
          PRIMARY KEY (session_id, seq)
      ) WITHOUT ROWID;",
+    // 2: webhook events that could not be delivered.
+    "CREATE TABLE undelivered_events (
+         id INTEGER PRIMARY KEY AUTOINCREMENT,
+         body TEXT NOT NULL
+     );",
 ];
 
 pub struct Sqlite {
@@ -181,6 +186,18 @@ impl Sqlite {
                 })
             })
             .collect()
+        })
+        .await
+    }
+
+    pub async fn kept_events(&self) -> Result<Vec<(String, String)>, StorageError> {
+        self.read(|conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT id, body FROM undelivered_events ORDER BY id")?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?.to_string(), r.get(1)?)))?
+                .collect::<Result<Vec<(String, String)>, _>>()?;
+            Ok(rows)
         })
         .await
     }
@@ -366,6 +383,14 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
             }
             // A process of its own needs no lease.
             Op::Release { .. } => {}
+            Op::KeepEvent { body } => {
+                tx.prepare_cached("INSERT INTO undelivered_events (body) VALUES (?1)")?
+                    .execute([body])?;
+            }
+            Op::ForgetEvent { id } => {
+                tx.prepare_cached("DELETE FROM undelivered_events WHERE id = ?1")?
+                    .execute([id.parse::<i64>().unwrap_or(-1)])?;
+            }
         }
     }
     tx.commit()?;
