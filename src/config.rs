@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -23,7 +23,7 @@ pub enum ConfigError {
     },
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -50,7 +50,7 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     pub listen: String,
@@ -70,7 +70,7 @@ impl Default for ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     pub backend: StorageBackend,
@@ -101,7 +101,7 @@ impl Default for StorageConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StorageBackend {
     Memory,
@@ -109,14 +109,14 @@ pub enum StorageBackend {
     Redis,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SyncMode {
     Normal,
     Full,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SessionConfig {
     pub header: String,
@@ -143,7 +143,7 @@ impl Default for SessionConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebhookConfig {
     /// Where events are POSTed; unset = no webhook.
@@ -174,7 +174,7 @@ impl Default for WebhookConfig {
 
 pub const WEBHOOK_EVENTS: &[&str] = &["session_ended", "history_trimmed"];
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
     /// Answer a repeated user message from memory instead of the upstream.
@@ -195,14 +195,14 @@ impl Default for CacheConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CacheScope {
     Session,
     Global,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// Environment variable holding the bearer token the `/v1/sessions`
@@ -210,7 +210,7 @@ pub struct AdminConfig {
     pub token_env: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HistoryConfig {
     /// How many of the newest stored messages are sent upstream (0 = all).
@@ -235,7 +235,7 @@ impl Default for HistoryConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InterruptionConfig {
     /// Keep reading the upstream after the client has gone, to store the
@@ -258,7 +258,7 @@ impl Default for InterruptionConfig {
 }
 
 /// What a request does when its session still has a reply in flight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnNewRequest {
     /// Barge-in: the reply in flight is recorded as interrupted.
@@ -268,7 +268,7 @@ pub enum OnNewRequest {
 }
 
 /// How an interrupted reply is shown to the model in later turns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum InterruptedRendering {
     /// The text that went out, as stored.
@@ -280,7 +280,7 @@ pub enum InterruptedRendering {
     Annotated,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// A `tracing` filter such as `info` or `recall=debug`; `RUST_LOG` wins.
@@ -297,14 +297,14 @@ impl Default for LogConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
     Json,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SystemMessage {
     #[serde(default = "default_system_role")]
@@ -318,7 +318,7 @@ fn default_system_role() -> String {
     "system".into()
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     pub name: String,
@@ -385,22 +385,49 @@ impl UpstreamConfig {
 
 impl Config {
     /// Reads, parses and validates a config file.
+    /// Reads, parses and validates a config file, after applying the
+    /// environment overrides `RECALL_LISTEN` (server.listen) and
+    /// `RECALL_STORAGE_PATH` (storage.path), which containers set.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text, path)
+        let mut config = Self::parse_unchecked(&text, path)?;
+        if let Ok(listen) = std::env::var("RECALL_LISTEN") {
+            config.server.listen = listen;
+        }
+        if let Ok(db) = std::env::var("RECALL_STORAGE_PATH") {
+            config.storage.path = db;
+        }
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// The config as TOML, with static upstream header values (which may
+    /// hold keys) masked: what `recall check` prints.
+    pub fn masked_toml(&self) -> String {
+        let mut shown = self.clone();
+        for u in &mut shown.upstreams {
+            for v in u.headers.values_mut() {
+                *v = "***".into();
+            }
+        }
+        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot print: {e}"))
     }
 
     /// Parses and validates config text; `path` only names the file in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e.to_string(),
-        })?;
+        let config = Self::parse_unchecked(text, path)?;
         config.validate(path)?;
         Ok(config)
+    }
+
+    fn parse_unchecked(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, std::net::AddrParseError> {
@@ -568,12 +595,20 @@ mod tests {
     }
 
     #[test]
-    fn shipped_config_is_valid() {
-        Config::load(Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/config/recall.toml"
-        )))
-        .unwrap();
+    fn every_config_in_the_config_directory_is_valid() {
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"));
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                // What `recall check` prints parses back to the same config.
+                let again = Config::parse(&c.masked_toml(), &path).unwrap();
+                assert_eq!(again.upstreams.len(), c.upstreams.len());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 1);
     }
 
     #[test]

@@ -10,11 +10,30 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "usage: recall [--config PATH]\n\n\
-  --config PATH   config file (default: $RECALL_CONFIG, else config/recall.toml)";
+const USAGE: &str = "\
+recall: an OpenAI-compatible proxy that gives AI agents short-term memory
 
-fn config_path() -> Result<PathBuf, String> {
-    let mut args = std::env::args().skip(1);
+usage: recall [--config PATH]          start the proxy
+       recall check [--config PATH]    validate a config and print it (secrets masked)
+       recall --version | --help
+
+  --config PATH   config file (default: $RECALL_CONFIG, else config/recall.toml)
+
+environment: RECALL_CONFIG, RECALL_LISTEN (server.listen), RECALL_STORAGE_PATH (storage.path),
+             RUST_LOG (log filter), and the variables your config names (API keys, tokens)";
+
+enum Command {
+    Serve(PathBuf),
+    Check(PathBuf),
+    Version,
+}
+
+fn command() -> Result<Command, String> {
+    let mut args = std::env::args().skip(1).peekable();
+    let check = args.peek().is_some_and(|a| a == "check");
+    if check {
+        args.next();
+    }
     let mut path = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -23,13 +42,19 @@ fn config_path() -> Result<PathBuf, String> {
             }
             s if s.starts_with("--config=") => path = Some(s["--config=".len()..].to_owned()),
             "--help" | "-h" => return Err(String::new()),
+            "--version" | "-V" => return Ok(Command::Version),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok(path
+    let path: PathBuf = path
         .or_else(|| std::env::var("RECALL_CONFIG").ok())
         .unwrap_or_else(|| "config/recall.toml".into())
-        .into())
+        .into();
+    Ok(if check {
+        Command::Check(path)
+    } else {
+        Command::Serve(path)
+    })
 }
 
 fn init_logging(config: &Config) {
@@ -41,6 +66,23 @@ fn init_logging(config: &Config) {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+}
+
+/// "name (models) -> base_url" for each upstream, for the start-up line.
+fn config_summary(app: &recall::App) -> Vec<String> {
+    app.config
+        .upstreams
+        .iter()
+        .map(|u| {
+            format!(
+                "{} [{}] {} -> {}",
+                u.name,
+                u.vendor,
+                u.models.join(","),
+                u.base_url
+            )
+        })
+        .collect()
 }
 
 async fn shutdown_signal() {
@@ -63,13 +105,19 @@ async fn shutdown_signal() {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let path = match config_path() {
-        Ok(p) => p,
+    let (path, check) = match command() {
+        Ok(Command::Version) => {
+            println!("recall {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Serve(p)) => (p, false),
+        Ok(Command::Check(p)) => (p, true),
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("recall: {e}");
+            if e.is_empty() {
+                println!("{USAGE}");
+                return ExitCode::SUCCESS;
             }
-            eprintln!("{USAGE}");
+            eprintln!("recall: {e}\n\n{USAGE}");
             return ExitCode::from(2);
         }
     };
@@ -80,6 +128,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if check {
+        println!("# {} is valid; the effective config:\n", path.display());
+        println!("{}", config.masked_toml());
+        return ExitCode::SUCCESS;
+    }
     init_logging(&config);
     let addr = config.server.listen.clone();
     let app = match recall::App::new(config).await {
@@ -99,7 +152,14 @@ async fn main() -> ExitCode {
     let bound = listener
         .local_addr()
         .map_or_else(|_| addr.clone(), |a| a.to_string());
-    tracing::info!(addr = %bound, config = %path.display(), "recall listening");
+    let upstreams: Vec<String> = config_summary(&app);
+    tracing::info!(
+        addr = %bound,
+        config = %path.display(),
+        storage = ?app.config.storage.backend,
+        upstreams = %upstreams.join("; "),
+        "recall listening"
+    );
     match recall::serve(listener, app, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

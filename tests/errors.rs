@@ -251,3 +251,50 @@ fn a_bad_config_stops_start_up_naming_the_key_and_the_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
 }
+
+#[test]
+fn the_cli_has_version_help_and_check() {
+    let bin = env!("CARGO_BIN_EXE_recall");
+    let out = std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("recall "));
+    let out = std::process::Command::new(bin)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("recall check"));
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/recall.toml");
+    let out = std::process::Command::new(bin)
+        .args(["check", "--config", config])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("[storage]"));
+    let dir = std::env::temp_dir().join(format!("recall-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[server]\nlisten = 5\n").unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.toml"));
+}
+
+#[tokio::test]
+async fn readyz_answers_when_storage_does() {
+    let h = Harness::default().await;
+    let resp = h
+        .client
+        .get(format!("{}/readyz", h.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}

@@ -24,6 +24,7 @@ use crate::error::{ApiError, RequestError};
 pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
         .nest("/v1", v1(app))
         .nest("/sessions/{session_id}/v1", v1(app))
         .fallback(no_route)
@@ -78,6 +79,19 @@ async fn require_admin(
         }
     }
     Ok(next.run(request).await)
+}
+
+/// Ready to serve: the config is loaded (it is, or the process would not
+/// run) and storage answers.
+async fn ready(State(app): State<Arc<App>>) -> Response {
+    use axum::response::IntoResponse;
+    match app.policy.storage.count().await {
+        Ok(_) => (axum::http::StatusCode::OK, "ready").into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "not ready: storage unavailable");
+            ApiError::Storage(e).into_response()
+        }
+    }
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {
