@@ -130,6 +130,52 @@ impl FunctionDe<'_> {
     }
 }
 
+impl Delta {
+    /// The slow, lenient reading of a chunk whose shape the typed one
+    /// refused: every field that has the expected type is kept.
+    fn from_value(chunk: &Value) -> Self {
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+        let function = |f: Option<&Value>| {
+            f.map(|f| FunctionDe {
+                name: text(f.get("name")).map(Cow::Owned),
+                arguments: text(f.get("arguments")).map(Cow::Owned),
+            })
+        };
+        let mut delta = Delta {
+            error: chunk
+                .get("error")
+                .map(|err| text(err.get("message")).unwrap_or_else(|| err.to_string())),
+            ..Delta::default()
+        };
+        let Some(choice) = first_choice(chunk) else {
+            return delta;
+        };
+        if let Some(reason) = choice.get("finish_reason").filter(|r| !r.is_null()) {
+            delta.finish_reason = Some(reason.as_str().map(str::to_owned));
+        }
+        let Some(d) = choice.get("delta") else {
+            return delta;
+        };
+        delta.content = text(d.get("content"));
+        delta.refusal = text(d.get("refusal"));
+        delta.function_call = function(d.get("function_call"));
+        let calls = d.get("tool_calls").and_then(Value::as_array);
+        for (position, call) in calls.into_iter().flatten().enumerate() {
+            let index = call.get("index").and_then(Value::as_u64);
+            let entry = ToolCallDe {
+                index,
+                id: text(call.get("id")).map(Cow::Owned),
+                kind: text(call.get("type")).map(Cow::Owned),
+                function: function(call.get("function")),
+            };
+            delta
+                .tool_calls
+                .push((index.unwrap_or(position as u64), entry));
+        }
+        delta
+    }
+}
+
 impl Event {
     pub fn parse(data: &str) -> Self {
         let data = data.trim();
@@ -137,7 +183,9 @@ impl Event {
             return Event::Done;
         }
         let Ok(chunk) = serde_json::from_str::<ChunkDe<'_>>(data) else {
-            return Event::Malformed;
+            // An odd shape somewhere in the chunk: take what can be read.
+            return serde_json::from_str::<Value>(data)
+                .map_or(Event::Malformed, |v| Event::Chunk(Delta::from_value(&v)));
         };
         let mut delta = Delta {
             error: chunk.error.map(|err| {
@@ -412,6 +460,19 @@ mod tests {
                        "function": {"name": "time", "arguments": "{}"}}),
             ]
         );
+    }
+
+    #[test]
+    fn odd_shapes_keep_what_can_be_read() {
+        let mut acc = ReplyAccumulator::default();
+        acc.push_data(r#"{"choices":[{"index":0,"delta":{"content":"A","tool_calls":[{"index":0,"function":{"arguments":{"x":1}}}]}}]}"#);
+        acc.push_data(
+            r#"{"choices":[{"index":0,"delta":{"content":["odd"]},"finish_reason":"stop"}]}"#,
+        );
+        acc.push_data(r#"{"choices":null}"#);
+        assert_eq!(acc.content(), "A");
+        assert!(acc.finished);
+        assert_eq!(acc.malformed, 0);
     }
 
     #[test]

@@ -196,6 +196,7 @@ impl Metadata {
         if key == "source" {
             if let Value::String(text) = &value {
                 self.source = Some(source_word(text));
+                self.rest.retain(|(k, _)| k != "source");
                 return;
             }
             self.source = None;

@@ -355,13 +355,20 @@ impl futures_util::Stream for RelayBody {
             }
             if let Some((_, durable)) = self.holding.as_mut() {
                 let stored = std::task::ready!(durable.as_mut().poll(cx));
-                if let Err(e) = stored {
-                    tracing::error!(error = %e, "reply not stored before its end was sent");
-                }
                 let (last, _) = self
                     .holding
                     .take()
                     .unwrap_or((None, Box::pin(async { Ok(()) })));
+                if let Err(e) = stored {
+                    // The client must not be told the reply is complete
+                    // when it was not stored: an error event instead.
+                    tracing::error!(error = %e, "reply not stored; its end is not sent");
+                    let event = serde_json::json!({"error": {
+                        "message": format!("the reply could not be stored: {e}"),
+                        "type": "server_error", "param": null, "code": "storage_unavailable"}});
+                    self.ended = true;
+                    return Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))));
+                }
                 return match last {
                     Some(bytes) => Poll::Ready(Some(Ok(bytes))),
                     None => {

@@ -83,10 +83,19 @@ struct UpstreamBody<'a, H> {
 impl<H: Borrow<Message>> UpstreamBody<'_, H> {
     /// Whether a field of the client's body is left out.
     fn drops(&self, key: &str) -> bool {
-        // In custom mode these are recall's own, written below.
-        let extension =
-            EXTENSION_FIELDS.contains(&key) && (!self.rules.custom || key != "session_id");
-        extension || self.rules.strip_fields.iter().any(|f| f == key)
+        // In custom mode these are recall's own, written below (the
+        // client's turn_id stays when there is no session turn to send).
+        let ours = match key {
+            "session_id" => !self.rules.custom,
+            "turn_id" => !self.rules.custom || self.turn.is_some(),
+            "timestamp" | "interruptable" => true,
+            _ => false,
+        };
+        ours || self.stripped(key)
+    }
+
+    fn stripped(&self, key: &str) -> bool {
+        self.rules.strip_fields.iter().any(|f| f == key)
     }
 }
 
@@ -106,11 +115,15 @@ impl<H: Borrow<Message>> Serialize for UpstreamBody<'_, H> {
             map.serialize_entry("messages", &Messages(self))?;
         }
         if self.rules.custom {
-            if let Some(t) = self.turn {
+            if let (Some(t), false) = (self.turn, self.stripped("turn_id")) {
                 map.serialize_entry("turn_id", &t.turn_id)?;
             }
-            map.serialize_entry("timestamp", &self.now_ms)?;
-            map.serialize_entry("interruptable", &self.rules.interruptable)?;
+            if !self.stripped("timestamp") {
+                map.serialize_entry("timestamp", &self.now_ms)?;
+            }
+            if !self.stripped("interruptable") {
+                map.serialize_entry("interruptable", &self.rules.interruptable)?;
+            }
         }
         map.end()
     }

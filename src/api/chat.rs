@@ -65,11 +65,14 @@ pub async fn completions(
             let (mut prepared, flight) =
                 open_turn(&app, id, &conversation, user.as_deref(), now).await?;
             // The user's message is durable before anything depends on it.
+            // If the client goes away meanwhile, the turn still ends.
+            let guard = Abandon(Some(Arc::clone(&flight)));
             let durable = std::mem::replace(&mut prepared.durable, Ticket::ready());
             if let Err(e) = durable.durable().await {
                 flight.failed("memory storage is unavailable");
                 return Err(e.into());
             }
+            guard.disarm();
             (prepared, flight)
         }
         // Stateless: the client manages its own history; send it as is.
@@ -159,6 +162,24 @@ pub async fn completions(
     Ok(response)
 }
 
+/// Ends a turn whose request was dropped before the exchange began (the
+/// exchange has guards of its own).
+struct Abandon(Option<Arc<InFlight>>);
+
+impl Abandon {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(flight) = self.0.take() {
+            flight.failed("the client went away before the upstream call");
+        }
+    }
+}
+
 /// Begins a turn in session `id`, creating the session if needed. A session
 /// that ended while this request held it is looked up again (and so
 /// started anew).
@@ -175,9 +196,10 @@ async fn open_turn(
         let claim = if storage.shared() {
             // This process's own reply first, then the other replicas'.
             if let Some(local) = app.sessions.get(id) {
-                local
-                    .settle(app.policy.on_new_request)
-                    .map_err(|_| busy())?;
+                match local.settle(app.policy.on_new_request) {
+                    Ok(()) | Err(Refused::Ended) => {}
+                    Err(Refused::Busy) => return Err(busy()),
+                }
             }
             let wait = match app.policy.on_new_request {
                 OnNewRequest::Interrupt => Wait::Interrupt,

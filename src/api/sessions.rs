@@ -439,7 +439,14 @@ pub async fn interrupt(
     // With shared storage the reply may stream on another replica: taking
     // the lease asks that replica to cut it off and record it first.
     let claim = match (&local, storage.shared()) {
-        (None, true) => storage.claim(id(&params), Wait::Interrupt).await?,
+        (None, true) => Some(
+            storage
+                .claim(id(&params), Wait::Interrupt)
+                .await?
+                .ok_or_else(|| RequestError::Busy {
+                    id: id(&params).to_owned(),
+                })?,
+        ),
         _ => None,
     };
     let session = match existing(&app, &params).await {

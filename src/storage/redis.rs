@@ -160,7 +160,7 @@ impl Redis {
         };
         let deadline = tokio::time::Instant::now() + patience;
         let mut conn = self.conn.clone();
-        let mut asked = false;
+        let mut asked_at: Option<tokio::time::Instant> = None;
         loop {
             let taken: Option<String> = redis::cmd("SET")
                 .arg(&key)
@@ -188,13 +188,16 @@ impl Redis {
             if wait == Wait::No || tokio::time::Instant::now() >= deadline {
                 return Ok(None);
             }
-            if wait == Wait::Interrupt && !asked {
+            // Asked again now and then: the holder may not have had its
+            // reply in flight registered yet when the first request came.
+            let ask = asked_at.is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
+            if wait == Wait::Interrupt && ask {
                 let _: i64 = redis::cmd("PUBLISH")
                     .arg(format!("{}:interrupt", self.prefix))
                     .arg(id)
                     .query_async(&mut conn)
                     .await?;
-                asked = true;
+                asked_at = Some(tokio::time::Instant::now());
             }
             tokio::time::sleep(CLAIM_POLL).await;
         }
