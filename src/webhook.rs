@@ -218,21 +218,35 @@ impl Delivery {
                 return;
             }
         };
+        let text = String::from_utf8_lossy(&body).into_owned();
+        // A session's memory is kept in storage until it is delivered, so
+        // that neither a receiver that is down nor a restart loses it.
+        let kept = (self.storage.persistent() && matches!(event, Event::SessionEnded { .. }))
+            .then(|| format!("{:x}-{}", crate::relay::now_ms(), event.session_id()));
+        let kept_ok = match &kept {
+            Some(id) => {
+                let op = Op::KeepEvent {
+                    id: id.clone(),
+                    body: text.clone(),
+                };
+                self.storage.submit(vec![op]).durable().await.is_ok()
+            }
+            None => false,
+        };
         if self.post(&body, event.name(), event.session_id()).await {
+            if let (Some(id), true) = (kept, kept_ok) {
+                let _ = self
+                    .storage
+                    .submit(vec![Op::ForgetEvent { id }])
+                    .durable()
+                    .await;
+            }
             return;
         }
-        let text = String::from_utf8_lossy(&body).into_owned();
-        if self.storage.persistent() {
-            let kept = self
-                .storage
-                .submit(vec![Op::KeepEvent { body: text.clone() }])
-                .durable()
-                .await;
-            if kept.is_ok() {
-                tracing::error!(event = event.name(), session = event.session_id(),
-                    "webhook delivery failed after all retries; the event is kept in storage and sent again after a restart");
-                return;
-            }
+        if kept_ok {
+            tracing::error!(event = event.name(), session = event.session_id(),
+                "webhook delivery failed after all retries; the event is kept in storage and sent again after a restart");
+            return;
         }
         tracing::error!(event = event.name(), session = event.session_id(), body = %text,
             "webhook delivery failed after all retries; the event is in this log line");
@@ -251,13 +265,18 @@ impl Delivery {
         for (id, body) in kept {
             let delivery = Arc::clone(&self);
             tokio::spawn(async move {
-                if delivery.post(body.as_bytes(), "kept", &id).await {
-                    let _ = delivery
-                        .storage
-                        .submit(vec![Op::ForgetEvent { id }])
-                        .durable()
-                        .await;
+                // With shared storage, every replica reads the kept events:
+                // the one that takes an event sends it.
+                if !matches!(delivery.storage.take_kept_event(&id).await, Ok(true)) {
+                    return;
                 }
+                let sent = delivery.post(body.as_bytes(), "kept", &id).await;
+                let op = if sent {
+                    Op::ForgetEvent { id }
+                } else {
+                    Op::KeepEvent { id, body }
+                };
+                let _ = delivery.storage.submit(vec![op]).durable().await;
             });
         }
     }

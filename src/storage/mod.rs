@@ -95,7 +95,7 @@ pub enum Op {
     Release { id: String, token: String },
     /// Keeps a webhook event that could not be delivered, to try again
     /// after a restart.
-    KeepEvent { body: String },
+    KeepEvent { id: String, body: String },
     /// Forgets a kept event (delivered at last).
     ForgetEvent { id: String },
 }
@@ -278,6 +278,16 @@ impl Storage {
             Storage::Memory => Ok(Vec::new()),
             Storage::Sqlite(s) => s.kept_events().await,
             Storage::Redis(r) => r.kept_events().await,
+        }
+    }
+
+    /// Claims a kept event for redelivery: `false` if another replica
+    /// took it first.
+    pub async fn take_kept_event(&self, id: &str) -> Result<bool, StorageError> {
+        match self {
+            Storage::Redis(r) => r.take_kept_event(id).await,
+            // One process: nobody else takes it; it is forgotten once sent.
+            _ => Ok(true),
         }
     }
 

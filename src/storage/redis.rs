@@ -314,6 +314,16 @@ impl Redis {
         Ok(kept.into_iter().collect())
     }
 
+    pub async fn take_kept_event(&self, id: &str) -> Result<bool, StorageError> {
+        let mut conn = self.conn.clone();
+        let taken: i64 = redis::cmd("HDEL")
+            .arg(format!("{}:undelivered", self.prefix))
+            .arg(id)
+            .query_async(&mut conn)
+            .await?;
+        Ok(taken == 1)
+    }
+
     pub async fn count(&self) -> Result<usize, StorageError> {
         let mut conn = self.conn.clone();
         Ok(redis::cmd("ZCARD")
@@ -543,11 +553,10 @@ async fn apply(
                 known.remove(id.as_str());
             }
             Op::Release { id, token } => releases.push((key("lease", id), token.clone())),
-            Op::KeepEvent { body } => {
-                let field = format!("{:x}", ring_random());
+            Op::KeepEvent { id, body } => {
                 pipe.cmd("HSET")
                     .arg(format!("{prefix}:undelivered"))
-                    .arg(field)
+                    .arg(id)
                     .arg(body)
                     .ignore();
             }

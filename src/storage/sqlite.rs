@@ -37,7 +37,7 @@ const MIGRATIONS: &[&str] = &[
      ) WITHOUT ROWID;",
     // 2: webhook events that could not be delivered.
     "CREATE TABLE undelivered_events (
-         id INTEGER PRIMARY KEY AUTOINCREMENT,
+         id TEXT PRIMARY KEY,
          body TEXT NOT NULL
      );",
 ];
@@ -195,7 +195,7 @@ impl Sqlite {
             let mut stmt =
                 conn.prepare_cached("SELECT id, body FROM undelivered_events ORDER BY id")?;
             let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, i64>(0)?.to_string(), r.get(1)?)))?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<Vec<(String, String)>, _>>()?;
             Ok(rows)
         })
@@ -383,13 +383,15 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
             }
             // A process of its own needs no lease.
             Op::Release { .. } => {}
-            Op::KeepEvent { body } => {
-                tx.prepare_cached("INSERT INTO undelivered_events (body) VALUES (?1)")?
-                    .execute([body])?;
+            Op::KeepEvent { id, body } => {
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO undelivered_events (id, body) VALUES (?1, ?2)",
+                )?
+                .execute([id, body])?;
             }
             Op::ForgetEvent { id } => {
                 tx.prepare_cached("DELETE FROM undelivered_events WHERE id = ?1")?
-                    .execute([id.parse::<i64>().unwrap_or(-1)])?;
+                    .execute([id])?;
             }
         }
     }
