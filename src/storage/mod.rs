@@ -132,6 +132,36 @@ pub(crate) struct Batch {
     pub done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
+/// A writer's round: `first` and whatever else has queued up behind it,
+/// up to about `max_ops` ops (group commit).
+pub(crate) fn gather(
+    first: Batch,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Batch>,
+    max_ops: usize,
+) -> (Vec<Batch>, usize) {
+    let mut ops = first.ops.len();
+    let mut batches = vec![first];
+    while ops < max_ops {
+        match rx.try_recv() {
+            Ok(b) => {
+                ops += b.ops.len();
+                batches.push(b);
+            }
+            Err(_) => break,
+        }
+    }
+    (batches, ops)
+}
+
+/// Tells every waiter of a round how it went.
+pub(crate) fn settle(batches: Vec<Batch>, result: &Result<(), String>) {
+    for b in batches {
+        if let Some(done) = b.done {
+            let _ = done.send(result.clone());
+        }
+    }
+}
+
 pub enum Storage {
     /// Nothing survives a restart.
     Memory,

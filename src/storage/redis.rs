@@ -434,28 +434,14 @@ async fn write_loop(
     mut rx: mpsc::UnboundedReceiver<Batch>,
 ) {
     while let Some(first) = rx.recv().await {
-        let mut batches = vec![first];
-        let mut ops = batches[0].ops.len();
-        while ops < MAX_BATCH_OPS {
-            match rx.try_recv() {
-                Ok(b) => {
-                    ops += b.ops.len();
-                    batches.push(b);
-                }
-                Err(_) => break,
-            }
-        }
+        let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
         let result = apply(&mut conn, &prefix, &known, &batches)
             .await
             .map_err(|e| {
                 tracing::error!(error = %e, ops, "redis write failed");
                 e.to_string()
             });
-        for b in batches {
-            if let Some(done) = b.done {
-                let _ = done.send(result.clone());
-            }
-        }
+        super::settle(batches, &result);
     }
 }
 

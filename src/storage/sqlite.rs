@@ -290,26 +290,12 @@ fn meta_from_row_at(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Meta
 fn write_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Batch>) {
     raise_priority();
     while let Some(first) = rx.blocking_recv() {
-        let mut batches = vec![first];
-        let mut ops = batches[0].ops.len();
-        while ops < MAX_BATCH_OPS {
-            match rx.try_recv() {
-                Ok(b) => {
-                    ops += b.ops.len();
-                    batches.push(b);
-                }
-                Err(_) => break,
-            }
-        }
+        let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
         let result = apply(&mut conn, &batches).map_err(|e| {
             tracing::error!(error = %e, ops, "sqlite write failed");
             e.to_string()
         });
-        for b in batches {
-            if let Some(done) = b.done {
-                let _ = done.send(result.clone());
-            }
-        }
+        super::settle(batches, &result);
     }
     tracing::debug!("sqlite writer stopped");
 }
