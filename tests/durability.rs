@@ -208,7 +208,7 @@ async fn kill_9_during_a_burst_loses_no_acknowledged_message() {
             (session, acked)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     recall.signal("KILL");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let mut results = Vec::new();
