@@ -12,7 +12,7 @@ use crate::config::OnNewRequest;
 use crate::relay::now_ms;
 use crate::session::{EndWhen, Session};
 use crate::storage::StorageError;
-use crate::storage::Wait;
+use crate::storage::{Op, Wait};
 use crate::webhook::{EndReason, Event};
 
 /// How often idle sessions are looked for.
@@ -63,26 +63,41 @@ async fn end_when(
             }
         }
     }
-    let Some((ended, ticket)) = session.end(&app.policy, when) else {
+    let ended_at = now_ms();
+    let event_of = |ended: &crate::session::Ended| Event::SessionEnded {
+        reason,
+        session_id: session.id.clone(),
+        turn_id: ended.turn_id,
+        users: ended.users.clone(),
+        created_at: session.created_ms,
+        ended_at,
+        system_messages: ended.system_messages.clone(),
+        contents: ended.contents.clone(),
+    };
+    // With a webhook and durable storage, the event is kept in the same
+    // write as the deletion: the memory leaves storage only as an event.
+    let keep = app.notifier.keeps() && storage.persistent();
+    let kept_id = format!("{ended_at:x}-{}", session.id);
+    let Some((ended, ticket)) = session.end(&app.policy, when, |ended| {
+        if !keep {
+            return Vec::new();
+        }
+        let body = serde_json::to_string(&event_of(ended)).unwrap_or_default();
+        vec![Op::KeepEvent {
+            id: kept_id.clone(),
+            body,
+        }]
+    }) else {
         let _ = claim.map(|c| storage.release(c));
         return Ok(None);
     };
     let _ = claim.map(|c| storage.release(c));
-    let session = &session;
-    app.sessions.remove(session);
+    app.sessions.remove(&session);
     app.counters.session_ended();
-    let event = Event::SessionEnded {
-        reason,
-        session_id: session.id.clone(),
-        turn_id: ended.turn_id,
-        users: ended.users,
-        created_at: session.created_ms,
-        ended_at: now_ms(),
-        system_messages: ended.system_messages,
-        contents: ended.contents,
-    };
+    let event = event_of(&ended);
     tracing::info!(session = %session.id, ?reason, "session ended");
-    app.notifier.notify(event.clone());
+    app.notifier
+        .notify_kept(event.clone(), keep.then_some(kept_id));
     ticket.durable().await?;
     Ok(Some(event))
 }

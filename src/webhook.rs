@@ -74,7 +74,17 @@ pub trait Notifier: Send + Sync {
     /// Whether `notify` would deliver events of this name, so callers can
     /// skip building them.
     fn wants(&self, event: &str) -> bool;
-    fn notify(&self, event: Event);
+    fn notify(&self, event: Event) {
+        self.notify_kept(event, None);
+    }
+    /// The same, for an event already kept in storage under `kept`: it is
+    /// forgotten there once delivered.
+    fn notify_kept(&self, event: Event, kept: Option<String>);
+    /// Whether ended sessions' events should be kept in storage until
+    /// delivered (there is somewhere to deliver them).
+    fn keeps(&self) -> bool {
+        false
+    }
     /// At shutdown: waits up to `within` for deliveries under way, then
     /// logs whole whatever is still undelivered.
     fn drain(&self, within: Duration) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
@@ -88,7 +98,7 @@ impl Notifier for LogOnly {
         event == "session_ended"
     }
 
-    fn notify(&self, event: Event) {
+    fn notify_kept(&self, event: Event, _: Option<String>) {
         tracing::debug!(
             event = event.name(),
             session = event.session_id(),
@@ -177,7 +187,11 @@ impl Notifier for Webhook {
         self.events.iter().any(|e| e == event)
     }
 
-    fn notify(&self, event: Event) {
+    fn keeps(&self) -> bool {
+        self.wants("session_ended")
+    }
+
+    fn notify_kept(&self, event: Event, kept: Option<String>) {
         if !self.wants(event.name()) {
             return;
         }
@@ -185,7 +199,7 @@ impl Notifier for Webhook {
         self.delivery.pending().insert(n, event.clone());
         let delivery = Arc::clone(&self.delivery);
         tokio::spawn(async move {
-            delivery.deliver(&event).await;
+            delivery.deliver(&event, kept).await;
             delivery.pending().remove(&n);
         });
     }
@@ -210,7 +224,7 @@ impl Delivery {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn deliver(&self, event: &Event) {
+    async fn deliver(&self, event: &Event, already_kept: Option<String>) {
         let body = match serde_json::to_vec(event) {
             Ok(b) => b,
             Err(e) => {
@@ -221,18 +235,25 @@ impl Delivery {
         let text = String::from_utf8_lossy(&body).into_owned();
         // A session's memory is kept in storage until it is delivered, so
         // that neither a receiver that is down nor a restart loses it.
-        let kept = (self.storage.persistent() && matches!(event, Event::SessionEnded { .. }))
-            .then(|| format!("{:x}-{}", crate::relay::now_ms(), event.session_id()));
-        let kept_ok = match &kept {
-            Some(id) => {
+        let kept_ok = already_kept.is_some();
+        let kept = match already_kept {
+            Some(id) => Some(id),
+            None if self.storage.persistent() && matches!(event, Event::SessionEnded { .. }) => {
+                let id = format!("{:x}-{}", crate::relay::now_ms(), event.session_id());
                 let op = Op::KeepEvent {
                     id: id.clone(),
                     body: text.clone(),
                 };
-                self.storage.submit(vec![op]).durable().await.is_ok()
+                self.storage
+                    .submit(vec![op])
+                    .durable()
+                    .await
+                    .ok()
+                    .map(|()| id)
             }
-            None => false,
+            None => None,
         };
+        let kept_ok = kept_ok || kept.is_some();
         if self.post(&body, event.name(), event.session_id()).await {
             if let (Some(id), true) = (kept, kept_ok) {
                 let _ = self

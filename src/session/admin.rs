@@ -165,7 +165,14 @@ impl Session {
     /// Ends the session: a reply in flight is recorded as interrupted, and
     /// later requests holding this session start a new one. `None` if it
     /// had already ended.
-    pub fn end(self: &Arc<Self>, policy: &Policy, when: EndWhen) -> Option<(Ended, Ticket)> {
+    /// `also` gives ops to write in the same batch as the deletion (the
+    /// webhook event that must not be lost with it).
+    pub fn end(
+        self: &Arc<Self>,
+        policy: &Policy,
+        when: EndWhen,
+        also: impl FnOnce(&Ended) -> Vec<Op>,
+    ) -> Option<(Ended, Ticket)> {
         let mut st = match when {
             EndWhen::Always => self.settled(OnNewRequest::Interrupt).ok()?,
             EndWhen::IdleBefore(_) | EndWhen::NotBusy => {
@@ -182,19 +189,21 @@ impl Session {
             }
         }
         st.ended = true;
-        let ticket = if policy.storage.persistent() {
-            policy.storage.submit(vec![Op::Delete {
-                id: self.id.clone(),
-                users: st.users.clone(),
-            }])
-        } else {
-            Ticket::ready()
-        };
         let ended = Ended {
             turn_id: st.turn_id,
             users: std::mem::take(&mut st.users),
             system_messages: std::mem::take(&mut st.system_messages),
             contents: std::mem::take(&mut st.messages),
+        };
+        let ticket = if policy.storage.persistent() {
+            let mut ops = vec![Op::Delete {
+                id: self.id.clone(),
+                users: ended.users.clone(),
+            }];
+            ops.extend(also(&ended));
+            policy.storage.submit(ops)
+        } else {
+            Ticket::ready()
         };
         Some((ended, ticket))
     }
