@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
+use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -260,7 +261,7 @@ pub async fn history(
     State(app): State<Arc<App>>,
     Path(params): Params,
     Query(q): Query<HistoryQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let openai = match q.format.as_deref() {
         None | Some("full") => false,
         Some("openai") => true,
@@ -276,16 +277,38 @@ pub async fn history(
         .limit
         .map_or(0, |n| history.messages.len().saturating_sub(n));
     let newest = &history.messages[skip..];
-    let contents: Vec<Value> = if openai {
-        newest.iter().map(|m| m.to_openai()).collect()
+    // Written straight from the messages, so that their fields keep their
+    // order (role first), as seed 000 shows them.
+    let body = if openai {
+        let contents: Vec<Value> = newest.iter().map(|m| m.to_openai()).collect();
+        serde_json::to_vec(&HistoryBody {
+            session_id: &session.id,
+            turn_id: history.turn_id,
+            contents: &contents,
+        })
     } else {
-        newest.iter().map(|m| json!(m)).collect()
+        serde_json::to_vec(&HistoryBody {
+            session_id: &session.id,
+            turn_id: history.turn_id,
+            contents: newest,
+        })
     };
-    Ok(Json(json!({
-        "session_id": session.id,
-        "turn_id": history.turn_id,
-        "contents": contents,
-    })))
+    let body = body.map_err(|e| {
+        tracing::error!(error = %e, "history not serialisable");
+        ApiError::Internal
+    })?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
+}
+
+#[derive(serde::Serialize)]
+struct HistoryBody<'a, T: serde::Serialize> {
+    session_id: &'a str,
+    turn_id: u64,
+    contents: &'a [T],
 }
 
 /// `PUT /v1/sessions/{id}/history` with `{"contents": [...]}` (or
