@@ -398,10 +398,18 @@ pub async fn set_system_messages(
 pub async fn end(
     State(app): State<Arc<App>>,
     Path(params): Params,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let session = existing(&app, &params).await?;
     match lifecycle::end(&app, &session, EndReason::Ended).await? {
-        Some(event @ Event::SessionEnded { .. }) => Ok(Json(json!(event))),
+        // Written straight from the event, as the webhook receives it.
+        Some(event @ Event::SessionEnded { .. }) => {
+            let body = serde_json::to_vec(&event).map_err(|_| ApiError::Internal)?;
+            Ok((
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                body,
+            )
+                .into_response())
+        }
         _ => Err(RequestError::SessionNotFound {
             id: session.id.clone(),
         }
