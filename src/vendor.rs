@@ -18,9 +18,6 @@ use serde::{Serialize, Serializer};
 
 use crate::message::{Message, OPENAI_FIELDS};
 
-/// Top-level fields that are recall's (or seed 000's) and not OpenAI's.
-pub const EXTENSION_FIELDS: &[&str] = &["session_id", "turn_id", "timestamp", "interruptable"];
-
 /// What a vendor mode decides, taken from an upstream's config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VendorRules {

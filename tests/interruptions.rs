@@ -24,13 +24,11 @@ const JOKE_TEXT: &str = "Why did the scarecrow win an award? He was outstanding.
 /// the rest of the stream and what was read.
 async fn stream_until(h: &Harness, session: &str, text: &str, until: &str) -> (ByteStream, String) {
     let resp = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", session)
-        .json(&json!({"model": "m", "stream": true, "messages": [user(text)]}))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(
+            session,
+            json!({"model": "m", "stream": true, "messages": [user(text)]}),
+        )
+        .await;
     assert_eq!(resp.status(), 200);
     let mut stream: ByteStream = Box::pin(resp.bytes_stream());
     let mut seen = String::new();
@@ -255,13 +253,11 @@ async fn reject_mode_answers_409_and_changes_nothing() {
     h.upstream.push(sse_text(&JOKE, Duration::from_millis(100)));
     let (stream_a, _) = stream_until(&h, "rej", "joke?", "Why did").await;
     let resp = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", "rej")
-        .json(&json!({"model": "m", "messages": [user("too early")]}))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(
+            "rej",
+            json!({"model": "m", "messages": [user("too early")]}),
+        )
+        .await;
     assert_eq!(resp.status(), 409);
     assert_eq!(resp.headers()["x-should-retry"], "false");
     let body: Value = resp.json().await.unwrap();
@@ -495,13 +491,11 @@ async fn a_stream_that_breaks_is_recorded_like_an_interruption_with_the_error() 
         ],
     });
     let resp = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", "brk")
-        .json(&json!({"model": "m", "stream": true, "messages": [user("q")]}))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(
+            "brk",
+            json!({"model": "m", "stream": true, "messages": [user("q")]}),
+        )
+        .await;
     let text = resp.text().await.unwrap();
     assert!(
         text.contains("Half a ") && text.contains("\"error\""),
@@ -528,13 +522,11 @@ async fn a_stream_that_breaks_is_recorded_like_an_interruption_with_the_error() 
         )],
     });
     let resp = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", "brk")
-        .json(&json!({"model": "m", "stream": true, "messages": [user("again")]}))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(
+            "brk",
+            json!({"model": "m", "stream": true, "messages": [user("again")]}),
+        )
+        .await;
     resp.text().await.unwrap();
     let (_, hist) = h.history("brk").await;
     let m = &hist["contents"][3];
@@ -602,13 +594,11 @@ async fn a_connection_that_fails_after_done_loses_nothing() {
         ],
     });
     let resp = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", "d")
-        .json(&json!({"model": "m", "stream": true, "messages": [user("q")]}))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(
+            "d",
+            json!({"model": "m", "stream": true, "messages": [user("q")]}),
+        )
+        .await;
     let text = resp.text().await.unwrap();
     assert!(
         !text[text.find("[DONE]").unwrap()..].contains("error"),

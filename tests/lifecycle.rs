@@ -206,13 +206,11 @@ async fn ending_a_session_mid_reply_records_the_reply_first() {
         Duration::from_millis(200),
     ));
     let resp = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", "mid")
-        .json(&json!({"model": "m", "stream": true, "messages": [user("story")]}))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(
+            "mid",
+            json!({"model": "m", "stream": true, "messages": [user("story")]}),
+        )
+        .await;
     let mut stream = resp.bytes_stream();
     use futures_util::StreamExt;
     let mut seen = String::new();
@@ -241,13 +239,11 @@ async fn eviction_never_cuts_a_reply_in_flight() {
     h.upstream
         .push(sse_text(&["a ", "b ", "c"], Duration::from_millis(300)));
     let resp = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", "streaming")
-        .json(&json!({"model": "m", "stream": true, "messages": [user("go")]}))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(
+            "streaming",
+            json!({"model": "m", "stream": true, "messages": [user("go")]}),
+        )
+        .await;
     // A second session takes the count over the limit while the first streams.
     h.say("newcomer", "hi").await;
     let text = resp.text().await.unwrap();

@@ -89,13 +89,11 @@ async fn barge_in_on_another_replica_interrupts_the_streaming_one() {
             gap,
         ));
         let resp = a
-            .client
-            .post(format!("{}/v1/chat/completions", a.url))
-            .header("x-session-id", "barge")
-            .json(&json!({"model": "m", "stream": true, "messages": [user("joke?")]}))
-            .send()
-            .await
-            .unwrap();
+            .post_chat(
+                "barge",
+                json!({"model": "m", "stream": true, "messages": [user("joke?")]}),
+            )
+            .await;
         let mut stream = resp.bytes_stream();
         let mut seen = String::new();
         while !seen.contains("Why did") {

@@ -9,29 +9,19 @@ use common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-async fn stream_request(h: &Harness, session: &str, body: Value) -> reqwest::Response {
-    h.client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", session)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn events_are_relayed_as_they_arrive_and_the_reply_is_remembered() {
     let h = Harness::default().await;
     let gap = Duration::from_millis(400);
     h.upstream.push(sse_text(&["Hel", "lo ", "there"], gap));
     let started = Instant::now();
-    let resp = stream_request(
-        &h,
-        "st",
-        json!({"model": "m", "stream": true, "stream_options": {"include_usage": true},
+    let resp = h
+        .post_chat(
+            "st",
+            json!({"model": "m", "stream": true, "stream_options": {"include_usage": true},
                "messages": [user("hi")]}),
-    )
-    .await;
+        )
+        .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     assert_eq!(resp.headers()["x-request-id"], "req-upstream-sse");
@@ -119,12 +109,12 @@ async fn streamed_tool_calls_are_accumulated() {
             (z, sse_tail()),
         ],
     });
-    let resp = stream_request(
-        &h,
-        "tools",
-        json!({"model": "m", "stream": true, "messages": [user("weather?")]}),
-    )
-    .await;
+    let resp = h
+        .post_chat(
+            "tools",
+            json!({"model": "m", "stream": true, "messages": [user("weather?")]}),
+        )
+        .await;
     resp.bytes().await.unwrap();
     let (_, hist) = h.history("tools").await;
     let reply = &hist["contents"][1];
@@ -157,12 +147,12 @@ async fn only_choice_zero_is_remembered_when_n_is_greater_than_one() {
             (z, sse_tail()),
         ],
     });
-    let resp = stream_request(
-        &h,
-        "n2",
-        json!({"model": "m", "n": 2, "stream": true, "messages": [user("q")]}),
-    )
-    .await;
+    let resp = h
+        .post_chat(
+            "n2",
+            json!({"model": "m", "n": 2, "stream": true, "messages": [user("q")]}),
+        )
+        .await;
     resp.bytes().await.unwrap();
     assert_eq!(h.transcript("n2").await, ["user: q", "assistant: A1 A2"]);
     assert_eq!(h.upstream.last().body["n"], 2);
@@ -188,12 +178,12 @@ async fn events_split_across_reads_are_put_back_together() {
     }
     chunks.push((Duration::from_millis(20), whole[last..].to_owned()));
     h.upstream.push(Reply::Sse { chunks });
-    let resp = stream_request(
-        &h,
-        "split",
-        json!({"model": "m", "stream": true, "messages": [user("q")]}),
-    )
-    .await;
+    let resp = h
+        .post_chat(
+            "split",
+            json!({"model": "m", "stream": true, "messages": [user("q")]}),
+        )
+        .await;
     assert_eq!(resp.text().await.unwrap(), whole);
     assert_eq!(
         h.transcript("split").await,
@@ -205,12 +195,12 @@ async fn events_split_across_reads_are_put_back_together() {
 async fn a_streaming_request_answered_with_an_error_is_relayed_whole() {
     let h = Harness::default().await;
     h.upstream.push(error_reply(429, "slow down"));
-    let resp = stream_request(
-        &h,
-        "err",
-        json!({"model": "m", "stream": true, "messages": [user("q")]}),
-    )
-    .await;
+    let resp = h
+        .post_chat(
+            "err",
+            json!({"model": "m", "stream": true, "messages": [user("q")]}),
+        )
+        .await;
     assert_eq!(resp.status(), 429);
     assert_eq!(resp.headers()["x-ratelimit-remaining-requests"], "99");
     let body: Value = resp.json().await.unwrap();

@@ -360,6 +360,18 @@ impl Harness {
         )
     }
 
+    /// POSTs a chat completion for `session` (header form) and returns the
+    /// response as it is, for tests that read it chunk by chunk.
+    pub async fn post_chat(&self, session: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/chat/completions", self.url))
+            .header("x-session-id", session)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// Sends one user message in `session` and returns the reply text.
     pub async fn say(&self, session: &str, text: &str) -> String {
         let (status, body) = self
