@@ -3,7 +3,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use recall::accumulate::ReplyAccumulator;
-use recall::message::Message;
+use recall::message::{Message, Role};
 use recall::reconcile::reconcile;
 use recall::vendor::{rewrite, TurnInfo, VendorRules};
 use recall::window::{window_start, Limits};
@@ -12,7 +12,11 @@ use serde_json::{json, Map, Value};
 fn history(n: usize) -> Vec<Message> {
     (0..n)
         .map(|i| {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            let role = if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            };
             let mut m = Message::new(role, format!("message number {i} ").repeat(10));
             m.turn_id = Some(i as u64 / 2 + 1);
             m.timestamp = Some(1_700_000_000_000 + i as i64);
@@ -26,12 +30,12 @@ fn bench_reconcile(c: &mut Criterion) {
     let mut g = c.benchmark_group("reconcile");
     for n in [10usize, 1000, 10_000] {
         let h = history(n);
-        let delta = vec![Message::new("user", "a new question")];
+        let delta = vec![Message::new(Role::User, "a new question")];
         let mut resend: Vec<Message> = h[n.saturating_sub(20)..]
             .iter()
-            .map(|m| Message::new(&m.role, m.content.clone()))
+            .map(|m| Message::new(m.role, m.content.clone()))
             .collect();
-        resend.push(Message::new("user", "a new question"));
+        resend.push(Message::new(Role::User, "a new question"));
         g.bench_with_input(BenchmarkId::new("delta", n), &n, |b, _| {
             b.iter(|| reconcile(&h, &delta, false))
         });
@@ -66,7 +70,7 @@ fn bench_window(c: &mut Criterion) {
 
 fn bench_rewrite(c: &mut Criterion) {
     let window = history(20);
-    let instructions = vec![Message::new("system", "You are a helpful assistant.")];
+    let instructions = vec![Message::new(Role::System, "You are a helpful assistant.")];
     let body: Map<String, Value> =
         json!({"model": "gpt-4o-mini", "temperature": 0.3, "stream": true,
         "session_id": "s", "messages": []})

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use serde_json::{Map, Value};
 
-use crate::message::Message;
+use crate::message::{Message, Role};
 
 #[derive(Debug, Default, Clone)]
 pub struct ReplyAccumulator {
@@ -310,16 +310,17 @@ impl ReplyAccumulator {
         } else {
             Value::String(self.content.clone())
         };
-        let mut m = Message::new("assistant", content);
+        let mut m = Message::new(Role::Assistant, content);
         if !self.tool_calls.is_empty() {
-            m.tool_calls = Some(self.tool_calls.values().map(ToolCall::to_value).collect());
+            m.set_tool_calls(Some(
+                self.tool_calls.values().map(ToolCall::to_value).collect(),
+            ));
         }
         if let Some(f) = &self.function_call {
-            m.extra.insert("function_call".into(), f.to_value());
+            m.set_extra("function_call", f.to_value());
         }
         if !self.refusal.is_empty() {
-            m.extra
-                .insert("refusal".into(), Value::String(self.refusal.clone()));
+            m.set_extra("refusal", Value::String(self.refusal.clone()));
         }
         m
     }
@@ -378,9 +379,9 @@ pub fn finish_reason(body: &Value) -> Option<String> {
 pub fn message_from_completion(body: &Value) -> Option<Message> {
     let message = first_choice(body)?.get("message")?;
     let mut m: Message = serde_json::from_value(message.clone()).ok()?;
-    m.role = "assistant".into();
+    m.role = Role::Assistant;
     // Response-only annotations are not part of the conversation.
-    m.extra.retain(|k, v| k != "annotations" && !v.is_null());
+    m.retain_extra(|k, v| k != "annotations" && !v.is_null());
     Some(m)
 }
 
@@ -413,7 +414,7 @@ mod tests {
             json!({"choices": [], "usage": {"total_tokens": 3}}),
         ]);
         assert!(acc.done && acc.finished);
-        assert_eq!(acc.to_message(), Message::new("assistant", "Hello"));
+        assert_eq!(acc.to_message(), Message::new(Role::Assistant, "Hello"));
     }
 
     #[test]
@@ -452,7 +453,7 @@ mod tests {
         let m = acc.to_message();
         assert_eq!(m.content, Value::Null);
         assert_eq!(
-            m.tool_calls.unwrap(),
+            m.tool_calls().unwrap().clone(),
             vec![
                 json!({"id": "c1", "type": "function",
                        "function": {"name": "weather", "arguments": "{\"city\":1}"}}),
@@ -493,7 +494,7 @@ mod tests {
                                       "refusal": null, "annotations": []}}]});
         assert_eq!(
             message_from_completion(&body),
-            Some(Message::new("assistant", "yes"))
+            Some(Message::new(Role::Assistant, "yes"))
         );
         assert_eq!(message_from_completion(&json!({"choices": []})), None);
     }

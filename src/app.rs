@@ -19,7 +19,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::cache::AnswerCache;
 use crate::config::Config;
-use crate::message::Message;
+use crate::message::{Message, Role};
 use crate::metrics::Counters;
 use crate::session::{Policy, Store};
 use crate::storage::Storage;
@@ -55,8 +55,10 @@ impl App {
             .system_messages
             .iter()
             .map(|s| {
-                let mut m = Message::new(&s.role, s.content.as_str());
-                m.name = s.name.clone();
+                // The config's roles were checked when it was loaded.
+                let role = Role::parse(&s.role).unwrap_or(Role::System);
+                let mut m = Message::new(role, s.content.as_str());
+                m.set_name(s.name.clone());
                 m
             })
             .collect();

@@ -87,7 +87,7 @@ impl AnswerCache {
             }
         }
         for m in instructions {
-            field(m.role.as_bytes());
+            field(m.role.as_str().as_bytes());
             field(m.content.to_string().as_bytes());
         }
         field(text.as_bytes());
@@ -168,6 +168,7 @@ pub fn sse_body(model: &str, text: &str, created: i64, include_usage: bool) -> S
 mod tests {
     use super::*;
     use crate::accumulate::ReplyAccumulator;
+    use crate::message::Role;
 
     fn cache(scope: CacheScope) -> AnswerCache {
         AnswerCache::new(&CacheConfig {
@@ -182,8 +183,8 @@ mod tests {
     #[test]
     fn keys_depend_on_what_must_match() {
         let c = cache(CacheScope::Session);
-        let q = Message::new("user", "hours?");
-        let sys = [Message::new("system", "be brief")];
+        let q = Message::new(Role::User, "hours?");
+        let sys = [Message::new(Role::System, "be brief")];
         let body = |v: Value| v.as_object().cloned().unwrap();
         let plain = body(json!({"model": "m", "stream": true, "messages": []}));
         let s1 = Some(("s1", 1));
@@ -197,7 +198,7 @@ mod tests {
         assert_ne!(c.key(s1, "m", &sys, Some(&q), &json_mode), Some(k));
         let tools = body(json!({"tools": [{"type": "function"}]}));
         assert!(c.key(s1, "m", &sys, Some(&q), &tools).is_none());
-        let other = Message::new("assistant", "x");
+        let other = Message::new(Role::Assistant, "x");
         assert!(c.key(s1, "m", &sys, Some(&other), &plain).is_none());
         assert!(c.key(None, "m", &sys, Some(&q), &plain).is_none());
         let g = cache(CacheScope::Global);
@@ -211,17 +212,25 @@ mod tests {
     fn only_complete_text_answers_are_kept() {
         let c = cache(CacheScope::Global);
         let cut = crate::interruption::interrupted_reply(
-            Message::new("assistant", "Op"),
-            &Message::new("assistant", "Open"),
+            Message::new(Role::Assistant, "Op"),
+            &Message::new(Role::Assistant, "Open"),
             true,
             1,
             None,
         );
         c.put([1; 32], &cut, Some("stop"));
         assert_eq!(c.get(&[1; 32]), None);
-        c.put([3; 32], &Message::new("assistant", "9 to"), Some("length"));
+        c.put(
+            [3; 32],
+            &Message::new(Role::Assistant, "9 to"),
+            Some("length"),
+        );
         assert_eq!(c.get(&[3; 32]), None);
-        c.put([2; 32], &Message::new("assistant", "9 to 5"), Some("stop"));
+        c.put(
+            [2; 32],
+            &Message::new(Role::Assistant, "9 to 5"),
+            Some("stop"),
+        );
         assert_eq!(c.get(&[2; 32]).as_deref(), Some("9 to 5"));
     }
 

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use serde_json::Value;
 
 use crate::config::InterruptedRendering;
-use crate::message::Message;
+use crate::message::{Message, Role};
 
 pub const INTERRUPTED: &str = "interrupted";
 pub const INTERRUPT_TIMESTAMP: &str = "interrupt_timestamp";
@@ -74,8 +74,8 @@ pub fn interrupted_reply(
 /// Records (or updates) the complete reply on an interrupted message.
 pub fn set_original(m: &mut Message, full: &Message, complete: bool) {
     let text = full.content_str().unwrap_or_default().to_owned();
-    let calls = full.tool_calls.clone();
-    let differs = calls != m.tool_calls;
+    let calls = full.tool_calls().cloned();
+    let differs = calls.as_ref() != m.tool_calls();
     let md = m.metadata_mut();
     md.insert(ORIGINAL, Value::String(text));
     md.insert(ORIGINAL_COMPLETE, Value::Bool(complete));
@@ -113,7 +113,7 @@ pub fn mark_stored(m: &mut Message, spoken: Option<&Spoken>, at_ms: i64) {
 
 /// The assistant message recorded for a failed call.
 pub fn failure_reply(text: &str, error: &str) -> Message {
-    let mut m = Message::new("assistant", text);
+    let mut m = Message::new(Role::Assistant, text);
     m.metadata_mut()
         .insert("source", Value::String(SOURCE_FAILURE.into()));
     set_error(&mut m, error);
@@ -140,7 +140,7 @@ pub fn render<'a>(
     }
     let mut out = m.clone();
     if !next_is_tool_result {
-        out.tool_calls = None;
+        out.set_tool_calls(None);
     }
     let stored = m.content_str().unwrap_or_default();
     let text = match mode {
@@ -148,7 +148,7 @@ pub fn render<'a>(
         InterruptedRendering::Original => m.meta_str(ORIGINAL).unwrap_or(stored).to_owned(),
         InterruptedRendering::Annotated => format!("{stored}{marker}").trim_start().to_owned(),
     };
-    if text.is_empty() && out.tool_calls.is_none() {
+    if text.is_empty() && out.tool_calls().is_none() {
         // Nothing was said: an empty assistant turn would only confuse.
         return None;
     }
@@ -166,7 +166,7 @@ mod tests {
     use serde_json::json;
 
     fn reply(text: &str) -> Message {
-        Message::new("assistant", text)
+        Message::new(Role::Assistant, text)
     }
 
     #[test]
@@ -245,12 +245,12 @@ mod tests {
         let empty = interrupted_reply(reply(""), &reply("long answer"), true, 1, None);
         assert!(render(&empty, InterruptedRendering::Truncated, "", false).is_none());
         assert!(render(&empty, InterruptedRendering::Original, "", false).is_some());
-        let mut call = Message::new("assistant", Value::Null);
-        call.tool_calls = Some(vec![json!({"id": "c1"})]);
+        let mut call = Message::new(Role::Assistant, Value::Null);
+        call.set_tool_calls(Some(vec![json!({"id": "c1"})]));
         let cut = interrupted_reply(call, &reply(""), false, 1, None);
         assert!(render(&cut, InterruptedRendering::Truncated, "", false).is_none());
         let kept = render(&cut, InterruptedRendering::Truncated, "", true).unwrap();
-        assert!(kept.tool_calls.is_some());
+        assert!(kept.tool_calls().is_some());
     }
 
     #[test]

@@ -1,24 +1,76 @@
 //! The stored message: OpenAI's chat message plus the conversational
 //! extensions of seed 000 (`turn_id`, `timestamp`, `metadata`).
 //!
-//! Fields nobody here knows about are kept in `extra`, so that vendor
-//! "custom" can forward everything a client sent.
+//! Fields nobody here knows about are kept, so that vendor "custom" can
+//! forward everything a client sent.
+//!
+//! A session holds thousands of these, so the layout is compact: the role
+//! is a byte, `metadata.source` is usually a static word, and the fields
+//! most messages lack (`name`, `tool_calls`, `tool_call_id`, unknown
+//! fields) share one optional box. A 200-character message costs about
+//! 120 bytes beside its text.
 
-use std::borrow::Cow;
+use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-/// Roles a chat message may have. `system` and `developer` are instructions:
-/// they are sent upstream but never stored in a session's history.
-pub const ROLES: &[&str] = &[
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "function",
-];
+/// A chat message's role. `system` and `developer` are instructions: they
+/// are sent upstream but never stored in a session's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Function,
+}
+
+impl Role {
+    pub const ALL: [Role; 6] = [
+        Role::System,
+        Role::Developer,
+        Role::User,
+        Role::Assistant,
+        Role::Tool,
+        Role::Function,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Function => "function",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+impl PartialEq<&str> for Role {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Role {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
 
 /// The message fields OpenAI's API accepts; vendor modes other than "custom"
 /// send only these.
@@ -38,54 +90,207 @@ pub mod source {
     pub const LLM: &str = "llm";
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Message {
-    pub role: String,
-    #[serde(default)]
+    pub role: Role,
     pub content: Value,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<Vec<Value>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+    rare: Option<Box<Rare>>,
+}
+
+/// The fields few messages carry.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Rare {
+    name: Option<String>,
+    tool_calls: Option<Vec<Value>>,
+    tool_call_id: Option<String>,
     /// `refusal`, `audio`, `function_call` and anything unknown.
+    extra: Map<String, Value>,
+}
+
+impl Rare {
+    fn is_empty(&self) -> bool {
+        self.name.is_none()
+            && self.tool_calls.is_none()
+            && self.tool_call_id.is_none()
+            && self.extra.is_empty()
+    }
+}
+
+/// The wire form, as clients and storage write it.
+#[derive(Deserialize)]
+struct Wire {
+    role: Role,
+    #[serde(default)]
+    content: Value,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    turn_id: Option<u64>,
+    #[serde(default)]
+    timestamp: Option<i64>,
+    #[serde(default)]
+    metadata: Option<Metadata>,
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    extra: Map<String, Value>,
+}
+
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let w = Wire::deserialize(deserializer)?;
+        let rare = Rare {
+            name: w.name,
+            tool_calls: w.tool_calls,
+            tool_call_id: w.tool_call_id,
+            extra: w.extra,
+        };
+        Ok(Message {
+            role: w.role,
+            content: w.content,
+            turn_id: w.turn_id,
+            timestamp: w.timestamp,
+            metadata: w.metadata,
+            rare: (!rare.is_empty()).then(|| Box::new(rare)),
+        })
+    }
+}
+
+impl Serialize for Message {
+    /// Seed 000's field order: OpenAI's fields, then the extensions, then
+    /// anything unknown.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        self.serialize_openai_fields(&mut map)?;
+        if let Some(t) = self.turn_id {
+            map.serialize_entry("turn_id", &t)?;
+        }
+        if let Some(t) = self.timestamp {
+            map.serialize_entry("timestamp", &t)?;
+        }
+        if let Some(md) = &self.metadata {
+            map.serialize_entry("metadata", md)?;
+        }
+        for (k, v) in self.extra() {
+            if !OPENAI_FIELDS.contains(&k.as_str()) {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
 }
 
 impl Message {
-    pub fn new(role: &str, content: impl Into<Value>) -> Self {
+    pub fn new(role: Role, content: impl Into<Value>) -> Self {
         Self {
-            role: role.to_owned(),
+            role,
             content: content.into(),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
             turn_id: None,
             timestamp: None,
             metadata: None,
-            extra: Map::new(),
+            rare: None,
         }
+    }
+
+    /// Writes the fields OpenAI's API accepts, in its order.
+    pub fn serialize_openai_fields<M: serde::ser::SerializeMap>(
+        &self,
+        map: &mut M,
+    ) -> Result<(), M::Error> {
+        map.serialize_entry("role", &self.role)?;
+        map.serialize_entry("content", &self.content)?;
+        if let Some(name) = self.name() {
+            map.serialize_entry("name", name)?;
+        }
+        if let Some(calls) = self.tool_calls() {
+            map.serialize_entry("tool_calls", calls)?;
+        }
+        if let Some(id) = self.tool_call_id() {
+            map.serialize_entry("tool_call_id", id)?;
+        }
+        for (k, v) in self.extra() {
+            if OPENAI_FIELDS.contains(&k.as_str()) {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// Drops the box once nothing is left in it.
+    fn tidy(&mut self) {
+        if self.rare.as_ref().is_some_and(|r| r.is_empty()) {
+            self.rare = None;
+        }
+    }
+
+    pub fn name(&self) -> Option<&str> {
+        self.rare.as_ref()?.name.as_deref()
+    }
+
+    pub fn set_name(&mut self, name: Option<String>) {
+        self.rare_mut().name = name;
+        self.tidy();
+    }
+
+    pub fn tool_calls(&self) -> Option<&Vec<Value>> {
+        self.rare.as_ref()?.tool_calls.as_ref()
+    }
+
+    pub fn set_tool_calls(&mut self, calls: Option<Vec<Value>>) {
+        self.rare_mut().tool_calls = calls;
+        self.tidy();
+    }
+
+    pub fn tool_call_id(&self) -> Option<&str> {
+        self.rare.as_ref()?.tool_call_id.as_deref()
+    }
+
+    pub fn set_tool_call_id(&mut self, id: Option<String>) {
+        self.rare_mut().tool_call_id = id;
+        self.tidy();
+    }
+
+    /// `refusal`, `audio`, `function_call` and any field nobody here knows.
+    pub fn extra(&self) -> impl Iterator<Item = (&String, &Value)> {
+        self.rare.iter().flat_map(|r| r.extra.iter())
+    }
+
+    pub fn extra_get(&self, key: &str) -> Option<&Value> {
+        self.rare.as_ref()?.extra.get(key)
+    }
+
+    pub fn set_extra(&mut self, key: &str, value: Value) {
+        self.rare_mut().extra.insert(key.to_owned(), value);
+    }
+
+    pub fn retain_extra(&mut self, keep: impl FnMut(&String, &mut Value) -> bool) {
+        if let Some(r) = &mut self.rare {
+            r.extra.retain(keep);
+        }
+        self.tidy();
     }
 
     /// System and developer messages steer the model; they are not memory.
     pub fn is_instruction(&self) -> bool {
-        matches!(self.role.as_str(), "system" | "developer")
+        matches!(self.role, Role::System | Role::Developer)
     }
 
     pub fn is_tool_result(&self) -> bool {
-        matches!(self.role.as_str(), "tool" | "function")
+        matches!(self.role, Role::Tool | Role::Function)
     }
 
     pub fn has_tool_calls(&self) -> bool {
-        self.tool_calls.as_ref().is_some_and(|c| !c.is_empty())
+        self.tool_calls().is_some_and(|c| !c.is_empty())
     }
 
     pub fn content_str(&self) -> Option<&str> {
@@ -94,8 +299,8 @@ impl Message {
 
     /// The ids of the tool calls this message makes, in order.
     pub fn tool_call_ids(&self) -> impl Iterator<Item = Option<&str>> {
-        self.tool_calls
-            .iter()
+        self.tool_calls()
+            .into_iter()
             .flatten()
             .map(|c| c.get("id").and_then(Value::as_str))
     }
@@ -121,42 +326,38 @@ impl Message {
             other => other.to_string().len(),
         };
         let calls = self
-            .tool_calls
-            .as_ref()
-            .map_or(0, |c| Value::from(c.clone()).to_string().len());
+            .tool_calls()
+            .and_then(|c| serde_json::to_string(c).ok())
+            .map_or(0, |s| s.len());
         content + calls
     }
 
     /// The message as OpenAI accepts it: extension fields dropped.
     pub fn to_openai(&self) -> Value {
-        let mut out = Map::new();
-        out.insert("role".into(), Value::String(self.role.clone()));
-        out.insert("content".into(), self.content.clone());
-        if let Some(name) = &self.name {
-            out.insert("name".into(), Value::String(name.clone()));
-        }
-        if let Some(calls) = &self.tool_calls {
-            out.insert("tool_calls".into(), Value::Array(calls.clone()));
-        }
-        if let Some(id) = &self.tool_call_id {
-            out.insert("tool_call_id".into(), Value::String(id.clone()));
-        }
-        for (k, v) in &self.extra {
-            if OPENAI_FIELDS.contains(&k.as_str()) {
-                out.insert(k.clone(), v.clone());
-            }
-        }
-        Value::Object(out)
+        serde_json::to_value(OpenAi(self)).unwrap_or(Value::Null)
+    }
+}
+
+/// A message serialised with OpenAI's fields only.
+pub struct OpenAi<'a>(pub &'a Message);
+
+impl Serialize for OpenAi<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        self.0.serialize_openai_fields(&mut map)?;
+        map.end()
     }
 }
 
 /// A message's `metadata`, kept small: nearly every stored message has a
-/// `source`, nearly always one of a few words, so it has a field of its own
-/// that costs no allocation; anything else is kept in order beside it.
+/// `source`, nearly always one of a few words, so a known word is kept as a
+/// static string that costs no allocation; anything else is kept in order
+/// beside it (an unusual `source` among them).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Metadata {
-    source: Option<Cow<'static, str>>,
-    rest: Vec<(String, Value)>,
+    source: Option<&'static str>,
+    rest: Box<[(String, Value)]>,
 }
 
 const KNOWN_SOURCES: &[&str] = &[
@@ -170,15 +371,8 @@ const KNOWN_SOURCES: &[&str] = &[
     "silence",
 ];
 
-fn source_word(text: &str) -> Cow<'static, str> {
-    match KNOWN_SOURCES.iter().find(|k| **k == text) {
-        Some(k) => Cow::Borrowed(k),
-        None => Cow::Owned(text.to_owned()),
-    }
-}
-
 impl Metadata {
-    /// Any field but `source` (see `get_str`).
+    /// Any field but a known `source` (see `get_str`).
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.rest.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
@@ -186,7 +380,9 @@ impl Metadata {
     /// A text field, `source` included.
     pub fn get_str(&self, key: &str) -> Option<&str> {
         if key == "source" {
-            return self.source.as_deref();
+            if let Some(s) = self.source {
+                return Some(s);
+            }
         }
         self.get(key)?.as_str()
     }
@@ -194,26 +390,29 @@ impl Metadata {
     pub fn insert(&mut self, key: impl Into<String>, value: Value) {
         let key = key.into();
         if key == "source" {
-            if let Value::String(text) = &value {
-                self.source = Some(source_word(text));
-                self.rest.retain(|(k, _)| k != "source");
+            self.source = None;
+            if let Some(word) = value
+                .as_str()
+                .and_then(|t| KNOWN_SOURCES.iter().find(|k| **k == t))
+            {
+                self.source = Some(word);
+                self.remove_rest("source");
                 return;
             }
-            self.source = None;
         }
         match self.rest.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => *v = value,
-            None => self.rest.push((key, value)),
+            None => {
+                let mut rest = std::mem::take(&mut self.rest).into_vec();
+                rest.push((key, value));
+                self.rest = rest.into_boxed_slice();
+            }
         }
     }
 
     /// Sets `key` unless it is set already.
     pub fn insert_default(&mut self, key: &str, value: impl FnOnce() -> Value) {
-        let present = if key == "source" {
-            self.source.is_some() || self.get(key).is_some()
-        } else {
-            self.get(key).is_some()
-        };
+        let present = (key == "source" && self.source.is_some()) || self.get(key).is_some();
         if !present {
             self.insert(key, value());
         }
@@ -223,7 +422,15 @@ impl Metadata {
         if key == "source" {
             self.source = None;
         }
-        self.rest.retain(|(k, _)| k != key);
+        self.remove_rest(key);
+    }
+
+    fn remove_rest(&mut self, key: &str) {
+        if self.rest.iter().any(|(k, _)| k == key) {
+            let mut rest = std::mem::take(&mut self.rest).into_vec();
+            rest.retain(|(k, _)| k != key);
+            self.rest = rest.into_boxed_slice();
+        }
     }
 
     pub fn to_value(&self) -> Value {
@@ -235,10 +442,10 @@ impl Serialize for Metadata {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = serializer.serialize_map(Some(self.rest.len() + 1))?;
-        if let Some(source) = &self.source {
+        if let Some(source) = self.source {
             map.serialize_entry("source", source)?;
         }
-        for (k, v) in &self.rest {
+        for (k, v) in self.rest.iter() {
             map.serialize_entry(k, v)?;
         }
         map.end()
@@ -248,14 +455,21 @@ impl Serialize for Metadata {
 impl<'de> Deserialize<'de> for Metadata {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let map = Map::<String, Value>::deserialize(deserializer)?;
-        let mut meta = Metadata {
-            source: None,
-            rest: Vec::with_capacity(map.len()),
-        };
+        let mut meta = Metadata::default();
+        let mut rest = Vec::with_capacity(map.len());
         for (k, v) in map {
-            meta.insert(k, v);
+            if k == "source" {
+                if let Some(word) = v
+                    .as_str()
+                    .and_then(|t| KNOWN_SOURCES.iter().find(|w| **w == t))
+                {
+                    meta.source = Some(word);
+                    continue;
+                }
+            }
+            rest.push((k, v));
         }
-        meta.rest.shrink_to_fit();
+        meta.rest = rest.into_boxed_slice();
         Ok(meta)
     }
 }
@@ -289,9 +503,13 @@ pub fn parse_messages(values: Vec<Value>) -> Result<Vec<Message>, MessageError> 
             let Value::Object(obj) = v else {
                 return Err(MessageError::NotObject(i));
             };
-            match obj.get("role").and_then(Value::as_str) {
-                Some(role) if ROLES.contains(&role) => {}
-                _ => return Err(MessageError::BadRole(i)),
+            if obj
+                .get("role")
+                .and_then(Value::as_str)
+                .and_then(Role::parse)
+                .is_none()
+            {
+                return Err(MessageError::BadRole(i));
             }
             serde_json::from_value(Value::Object(obj))
                 .map_err(|e| MessageError::Invalid(i, e.to_string()))
@@ -343,11 +561,29 @@ mod tests {
 
     #[test]
     fn char_cost_counts_text_chars_and_structured_json() {
-        assert_eq!(Message::new("user", "héllo").char_cost(), 5);
+        assert_eq!(Message::new(Role::User, "héllo").char_cost(), 5);
         let parts = json!([{"type": "text", "text": "hi"}]);
         assert_eq!(
-            Message::new("user", parts.clone()).char_cost(),
+            Message::new(Role::User, parts.clone()).char_cost(),
             parts.to_string().len()
         );
+    }
+}
+
+#[cfg(test)]
+mod layout {
+    use super::*;
+
+    /// A session holds thousands of messages: this is the budget the
+    /// memory benchmark's target rests on (with `Arc`'s two counters, one
+    /// 128-byte allocation per message beside its text).
+    #[test]
+    fn a_message_fits_in_112_bytes() {
+        assert!(
+            std::mem::size_of::<Message>() <= 112,
+            "{}",
+            std::mem::size_of::<Message>()
+        );
+        assert!(std::mem::size_of::<Option<Metadata>>() <= 32);
     }
 }

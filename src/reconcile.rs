@@ -148,7 +148,7 @@ enum Match {
 /// message shortened to what its user actually heard, so an assistant
 /// message whose text is a prefix of the stored text lines up too.
 fn lines_up(stored: &Message, sent: &Message) -> Match {
-    if stored.role != sent.role || stored.tool_call_id != sent.tool_call_id {
+    if stored.role != sent.role || stored.tool_call_id() != sent.tool_call_id() {
         return Match::No;
     }
     if !stored.tool_call_ids().eq(sent.tool_call_ids()) {
@@ -193,13 +193,14 @@ fn lines_up(stored: &Message, sent: &Message) -> Match {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Role;
     use serde_json::json;
 
     fn u(text: &str) -> Message {
-        Message::new("user", text)
+        Message::new(Role::User, text)
     }
     fn a(text: &str) -> Message {
-        Message::new("assistant", text)
+        Message::new(Role::Assistant, text)
     }
     fn contents(ms: &[Message]) -> Vec<&str> {
         ms.iter().map(|m| m.content_str().unwrap_or("")).collect()
@@ -267,14 +268,14 @@ mod tests {
     #[test]
     fn tool_call_ids_must_agree() {
         let call = |id: &str| {
-            let mut m = Message::new("assistant", Value::Null);
-            m.tool_calls = Some(vec![json!({"id": id, "type": "function",
-                "function": {"name": "f", "arguments": "{}"}})]);
+            let mut m = Message::new(Role::Assistant, Value::Null);
+            m.set_tool_calls(Some(vec![json!({"id": id, "type": "function",
+                "function": {"name": "f", "arguments": "{}"}})]));
             m
         };
         let result = |id: &str| {
-            let mut m = Message::new("tool", "42");
-            m.tool_call_id = Some(id.into());
+            let mut m = Message::new(Role::Tool, "42");
+            m.set_tool_call_id(Some(id.into()));
             m
         };
         let h = [u("q"), call("c1"), result("c1")];
@@ -353,9 +354,9 @@ mod tests {
         let r = reconcile(&h, &[u("q"), a("Sure."), u("n")], false);
         assert_eq!((r.overlap, r.shortened.len()), (2, 0));
         let mut call = a("Let me check.");
-        call.tool_calls = Some(vec![json!({"id": "c1"})]);
+        call.set_tool_calls(Some(vec![json!({"id": "c1"})]));
         let mut sent = a("");
-        sent.tool_calls = Some(vec![json!({"id": "c1"})]);
+        sent.set_tool_calls(Some(vec![json!({"id": "c1"})]));
         let r = reconcile(&[u("q"), call], &[u("q"), sent], false);
         assert_eq!((r.overlap, r.shortened.len()), (2, 0));
     }

@@ -58,6 +58,7 @@ fn fill(m: &mut Message, now_ms: i64, source: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Role;
     use serde_json::json;
 
     fn turns(ms: &[Message]) -> Vec<u64> {
@@ -67,12 +68,12 @@ mod tests {
     #[test]
     fn user_messages_open_turns_and_answers_share_them() {
         let mut ms = vec![
-            Message::new("assistant", "greeting"),
-            Message::new("user", "joke?"),
-            Message::new("assistant", "why did"),
-            Message::new("user", "story"),
-            Message::new("assistant", "once"),
-            Message::new("assistant", "still there?"),
+            Message::new(Role::Assistant, "greeting"),
+            Message::new(Role::User, "joke?"),
+            Message::new(Role::Assistant, "why did"),
+            Message::new(Role::User, "story"),
+            Message::new(Role::Assistant, "once"),
+            Message::new(Role::Assistant, "still there?"),
         ];
         let turn = stamp_client_messages(&mut ms, 0, None, 7);
         assert_eq!(turns(&ms), [1, 2, 2, 3, 3, 4]);
@@ -84,10 +85,10 @@ mod tests {
 
     #[test]
     fn continues_from_the_stored_history() {
-        let prev = Message::new("user", "q");
+        let prev = Message::new(Role::User, "q");
         let mut ms = vec![
-            Message::new("assistant", "answer"),
-            Message::new("user", "next"),
+            Message::new(Role::Assistant, "answer"),
+            Message::new(Role::User, "next"),
         ];
         assert_eq!(stamp_client_messages(&mut ms, 5, Some(&prev), 1), 6);
         assert_eq!(turns(&ms), [5, 6]);
@@ -95,10 +96,10 @@ mod tests {
 
     #[test]
     fn tool_results_stay_in_their_turn() {
-        let prev = Message::new("assistant", json!(null));
+        let prev = Message::new(Role::Assistant, json!(null));
         let mut ms = vec![
-            Message::new("tool", "42"),
-            Message::new("assistant", "it is 42"),
+            Message::new(Role::Tool, "42"),
+            Message::new(Role::Assistant, "it is 42"),
         ];
         stamp_client_messages(&mut ms, 3, Some(&prev), 1);
         assert_eq!(turns(&ms), [3, 3]);
@@ -106,11 +107,11 @@ mod tests {
 
     #[test]
     fn client_values_are_kept() {
-        let mut m = Message::new("user", "hi");
+        let mut m = Message::new(Role::User, "hi");
         m.turn_id = Some(10);
         m.timestamp = Some(99);
         m.metadata_mut().insert("source", json!("asr"));
-        let mut ms = vec![m, Message::new("user", "again")];
+        let mut ms = vec![m, Message::new(Role::User, "again")];
         assert_eq!(stamp_client_messages(&mut ms, 2, None, 1), 11);
         assert_eq!(turns(&ms), [10, 11]);
         assert_eq!(ms[0].timestamp, Some(99));
@@ -119,7 +120,7 @@ mod tests {
 
     #[test]
     fn replies_take_the_current_turn() {
-        let mut r = Message::new("assistant", "hi");
+        let mut r = Message::new(Role::Assistant, "hi");
         stamp_reply(&mut r, 4, 8);
         assert_eq!(
             (r.turn_id, r.timestamp, r.source()),

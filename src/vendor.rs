@@ -16,7 +16,7 @@ use crate::interruption;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
-use crate::message::{Message, OPENAI_FIELDS};
+use crate::message::Message;
 
 /// What a vendor mode decides, taken from an upstream's config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,22 +166,7 @@ impl Serialize for View<'_> {
             return m.serialize(serializer);
         }
         let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("role", &m.role)?;
-        map.serialize_entry("content", &m.content)?;
-        if let Some(name) = &m.name {
-            map.serialize_entry("name", name)?;
-        }
-        if let Some(calls) = &m.tool_calls {
-            map.serialize_entry("tool_calls", calls)?;
-        }
-        if let Some(id) = &m.tool_call_id {
-            map.serialize_entry("tool_call_id", id)?;
-        }
-        for (k, v) in &m.extra {
-            if OPENAI_FIELDS.contains(&k.as_str()) {
-                map.serialize_entry(k, v)?;
-            }
-        }
+        m.serialize_openai_fields(&mut map)?;
         map.end()
     }
 }
@@ -189,6 +174,7 @@ impl Serialize for View<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Role;
     use serde_json::json;
 
     fn rules(custom: bool) -> VendorRules {
@@ -202,11 +188,11 @@ mod tests {
     }
 
     fn history() -> Vec<Message> {
-        let mut m = Message::new("user", "hi");
+        let mut m = Message::new(Role::User, "hi");
         m.turn_id = Some(2);
         m.timestamp = Some(10);
         m.metadata_mut().insert("source", json!("asr"));
-        m.extra.insert("x_field".into(), json!(1));
+        m.set_extra("x_field", json!(1));
         vec![m]
     }
 
@@ -230,7 +216,7 @@ mod tests {
 
     #[test]
     fn openai_mode_sends_only_openai_fields() {
-        let sys = [Message::new("system", "be brief")];
+        let sys = [Message::new(Role::System, "be brief")];
         let b = sent(
             &rules(false),
             &sys,
@@ -250,13 +236,13 @@ mod tests {
     #[test]
     fn interrupted_replies_are_rendered_per_upstream() {
         let cut = interruption::interrupted_reply(
-            Message::new("assistant", "Why"),
-            &Message::new("assistant", "Why not"),
+            Message::new(Role::Assistant, "Why"),
+            &Message::new(Role::Assistant, "Why not"),
             true,
             3,
             None,
         );
-        let history = [Message::new("user", "q"), cut];
+        let history = [Message::new(Role::User, "q"), cut];
         let b = sent(&rules(false), &[], &history, None);
         assert_eq!(
             b["messages"][1],
@@ -269,7 +255,7 @@ mod tests {
 
     #[test]
     fn custom_mode_forwards_everything_and_adds_turn_fields() {
-        let sys = [Message::new("system", "be brief")];
+        let sys = [Message::new(Role::System, "be brief")];
         let b = sent(
             &rules(true),
             &sys,

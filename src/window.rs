@@ -105,23 +105,24 @@ fn can_start_at<H: Borrow<Message>>(history: &[H], i: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Role;
     use serde_json::{json, Value};
 
     fn u(t: &str) -> Message {
-        Message::new("user", t)
+        Message::new(Role::User, t)
     }
     fn a(t: &str) -> Message {
-        Message::new("assistant", t)
+        Message::new(Role::Assistant, t)
     }
     fn call(id: &str) -> Message {
-        let mut m = Message::new("assistant", Value::Null);
-        m.tool_calls = Some(vec![json!({"id": id, "type": "function",
-            "function": {"name": "f", "arguments": ""}})]);
+        let mut m = Message::new(Role::Assistant, Value::Null);
+        m.set_tool_calls(Some(vec![json!({"id": id, "type": "function",
+            "function": {"name": "f", "arguments": ""}})]));
         m
     }
     fn result(id: &str) -> Message {
-        let mut m = Message::new("tool", "ok");
-        m.tool_call_id = Some(id.into());
+        let mut m = Message::new(Role::Tool, "ok");
+        m.set_tool_call_id(Some(id.into()));
         m
     }
     fn count(n: usize) -> Limits {

@@ -18,7 +18,7 @@ use crate::cache;
 use crate::config::OnNewRequest;
 use crate::error::{ApiError, RequestError};
 use crate::inflight::InFlight;
-use crate::message::{parse_messages, Message};
+use crate::message::{parse_messages, Message, Role};
 use crate::relay::{self, now_ms, Exchange};
 use crate::session::{self, Refused};
 use crate::storage::{Ticket, Wait};
@@ -262,7 +262,7 @@ async fn answer_from_cache(
     now: i64,
 ) -> Result<Response, ApiError> {
     app.counters.cache_hit();
-    let mut reply = Message::new("assistant", answer);
+    let mut reply = Message::new(Role::Assistant, answer);
     reply
         .metadata_mut()
         .insert("source", Value::String("cache".into()));

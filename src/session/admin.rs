@@ -88,7 +88,7 @@ impl Session {
         let mut st = self.settled(OnNewRequest::Interrupt)?;
         self.touch(now_ms);
         let turn = turns::stamp_client_messages(&mut messages, 0, None, now_ms);
-        let messages = messages.into_iter().map(Arc::new).collect();
+        let messages = super::shared(messages);
         let old = std::mem::replace(&mut st.messages, messages);
         st.first_seq += old.len() as u64;
         st.turn_id = turn;

@@ -113,12 +113,21 @@ impl Prepared {
     pub fn stateless(conversation: Vec<Message>) -> Self {
         Self {
             turn_id: 0,
-            window: conversation.into_iter().map(Arc::new).collect(),
+            window: shared(conversation),
             system_messages: Vec::new(),
             incarnation: 0,
             durable: Ticket::ready(),
         }
     }
+}
+
+/// Messages as a session holds them. Not `collect()`: that reuses the
+/// `Vec<Message>`'s buffer in place, and a session would keep 14 times the
+/// capacity it needs (2 KiB for 20 messages) for as long as it lives.
+pub(crate) fn shared(messages: Vec<Message>) -> Vec<Arc<Message>> {
+    let mut out = Vec::with_capacity(messages.len());
+    out.extend(messages.into_iter().map(Arc::new));
+    out
 }
 
 /// A number no other session history in this process has had: what the
@@ -166,7 +175,7 @@ impl Session {
             created_ms: meta.created_ms,
             last_active_ms: AtomicI64::new(meta.last_active_ms),
             state: Mutex::new(State {
-                messages: messages.into_iter().map(Arc::new).collect(),
+                messages: shared(messages),
                 ..State::new(meta)
             }),
         }
@@ -289,7 +298,7 @@ impl Session {
         self.last_active_ms
             .fetch_max(meta.last_active_ms, Ordering::Relaxed);
         *st = State {
-            messages: messages.into_iter().map(Arc::new).collect(),
+            messages: shared(messages),
             ..State::new(meta)
         };
     }
