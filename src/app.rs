@@ -200,7 +200,10 @@ pub async fn serve(
     let served = axum::serve(listener, router(Arc::clone(&app)))
         .with_graceful_shutdown(graceful)
         .await;
+    // An interrupt_all already under way finishes (and queues its records)
+    // before the final flush.
     enforcer.abort();
+    let _ = enforcer.await;
     sweeper.abort();
     app.wind_down().await;
     served

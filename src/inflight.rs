@@ -60,6 +60,9 @@ struct Progress {
     on_complete: Option<OnComplete>,
     /// `finish_reason` of a non-streaming reply (a stream's is in `relayed`).
     finish_reason: Option<String>,
+    /// When the turn's own messages are durable: the reply's record is not
+    /// reported durable before them.
+    opening: Ticket,
 }
 
 /// What to do with a reply recorded complete (the answer cache stores it).
@@ -125,6 +128,13 @@ impl InFlight {
         }
     }
 
+    /// The ticket of the messages that opened this turn.
+    pub fn opened(&self, ticket: Ticket) {
+        let mut p = self.progress();
+        let earlier = std::mem::take(&mut p.opening);
+        p.opening = earlier.and(ticket);
+    }
+
     pub fn started(&self, at_ms: i64) {
         self.progress().started_ms.get_or_insert(at_ms);
     }
@@ -174,7 +184,6 @@ impl InFlight {
             self.record(&mut p, Some(reply), Outcome::Complete);
             return None;
         }
-        self.cut.cancel();
         let record = interruption::interrupted_reply(
             p.relayed.to_message(),
             &p.received.to_message(),
@@ -188,6 +197,10 @@ impl InFlight {
             Outcome::Interrupted { seq: None },
         );
         p.outcome = Outcome::Interrupted { seq };
+        // Only now that the record is queued: the client's response ends
+        // on the cut, and a shutdown waiting for it must find the record
+        // ahead of its final flush.
+        self.cut.cancel();
         Some((self.stamped(record, p.started_ms), ticket))
     }
 
@@ -303,6 +316,7 @@ impl InFlight {
         outcome: Outcome,
     ) -> (Option<u64>, Ticket) {
         p.outcome = outcome;
+        let opening = std::mem::take(&mut p.opening);
         if let (Outcome::Complete, Some(reply), Some(f)) = (outcome, &reply, p.on_complete.take()) {
             let reason = p
                 .finish_reason
@@ -311,15 +325,15 @@ impl InFlight {
             f(reply, reason.as_deref());
         }
         let Some(recorder) = self.recorder.as_ref() else {
-            return (None, Ticket::ready());
+            return (None, opening);
         };
         let reply = reply.map(|r| self.stamped(r, p.started_ms));
-        let recorded = recorder.session.finish(self, reply, &recorder.policy);
+        let (seq, ticket) = recorder.session.finish(self, reply, &recorder.policy);
         if let Some(claim) = p.claim.take() {
             // Queued after the record, so the next holder reads it.
             let _ = recorder.policy.storage.release(claim);
         }
-        recorded
+        (seq, opening.and(ticket))
     }
 
     fn update(&self, seq: Option<u64>, change: impl FnOnce(&mut Message)) -> Ticket {

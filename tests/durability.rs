@@ -126,7 +126,13 @@ impl Process {
             }
         };
         // Keep reading so that the child never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                if std::env::var_os("RECALL_TEST_ECHO").is_some() {
+                    eprintln!("recall: {l}");
+                }
+            }
+        });
         Self { child, url }
     }
 

@@ -21,7 +21,7 @@ use crate::inflight::InFlight;
 use crate::message::{parse_messages, Message, Role};
 use crate::relay::{self, now_ms, Exchange};
 use crate::session::{self, Refused};
-use crate::storage::{Ticket, Wait};
+use crate::storage::Wait;
 use crate::vendor::{self, TurnInfo};
 
 pub async fn completions(
@@ -64,15 +64,10 @@ pub async fn completions(
         Some(id) => {
             let (mut prepared, flight) =
                 open_turn(&app, id, &conversation, user.as_deref(), now).await?;
-            // The user's message is durable before anything depends on it.
-            // If the client goes away meanwhile, the turn still ends.
-            let guard = Abandon(Some(Arc::clone(&flight)));
-            let durable = std::mem::replace(&mut prepared.durable, Ticket::ready());
-            if let Err(e) = durable.durable().await {
-                flight.failed("memory storage is unavailable");
-                return Err(e.into());
-            }
-            guard.disarm();
+            // The upstream call does not wait for the user's message to be
+            // stored: the two overlap, and the reply's end (what tells the
+            // client the turn happened) waits for both.
+            flight.opened(std::mem::take(&mut prepared.durable));
             (prepared, flight)
         }
         // Stateless: the client manages its own history; send it as is.
@@ -164,22 +159,6 @@ pub async fn completions(
 
 /// Ends a turn whose request was dropped before the exchange began (the
 /// exchange has guards of its own).
-struct Abandon(Option<Arc<InFlight>>);
-
-impl Abandon {
-    fn disarm(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for Abandon {
-    fn drop(&mut self) {
-        if let Some(flight) = self.0.take() {
-            flight.failed("the client went away before the upstream call");
-        }
-    }
-}
-
 /// Begins a turn in session `id`, creating the session if needed. A session
 /// that ended while this request held it is looked up again (and so
 /// started anew).

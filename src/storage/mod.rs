@@ -101,23 +101,33 @@ pub enum Op {
 }
 
 /// Resolves when the ops it was issued for are durable (or failed).
-#[derive(Debug)]
-pub struct Ticket(Option<oneshot::Receiver<Result<(), String>>>);
+#[derive(Debug, Default)]
+pub struct Ticket(Vec<oneshot::Receiver<Result<(), String>>>);
 
 impl Ticket {
     pub fn ready() -> Self {
-        Ticket(None)
+        Ticket(Vec::new())
+    }
+
+    pub(crate) fn pending(rx: oneshot::Receiver<Result<(), String>>) -> Self {
+        Ticket(vec![rx])
+    }
+
+    /// Resolves when both are durable.
+    pub fn and(mut self, other: Ticket) -> Self {
+        self.0.extend(other.0);
+        self
     }
 
     pub async fn durable(self) -> Result<(), StorageError> {
-        match self.0 {
-            None => Ok(()),
-            Some(rx) => match rx.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(StorageError::Task(e)),
-                Err(_) => Err(StorageError::Stopped),
-            },
+        for rx in self.0 {
+            match rx.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(StorageError::Task(e)),
+                Err(_) => return Err(StorageError::Stopped),
+            }
         }
+        Ok(())
     }
 
     /// The same, as a boxed future a hand-written `Stream` can poll.

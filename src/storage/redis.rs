@@ -139,7 +139,7 @@ impl Redis {
         {
             tracing::error!("redis writer has stopped; a change was not stored");
         }
-        Ticket(Some(rx))
+        Ticket::pending(rx)
     }
 
     /// Takes the session's lease. `None` when another turn holds it and

@@ -108,7 +108,7 @@ impl Sqlite {
         if self.tx.send(batch).is_err() {
             tracing::error!("sqlite writer has stopped; a change was not stored");
         }
-        Ticket(Some(rx))
+        Ticket::pending(rx)
     }
 
     async fn read<T: Send + 'static>(
