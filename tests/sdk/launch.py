@@ -13,7 +13,9 @@ SIGTERM, and tears them down.
 The upstream is either `scripted_upstream.py` (beside this file) or `llmock`
 from PyPI (`llmock serve`, found next to this Python or on PATH). recall is
 `$RECALL_BIN`, else `$CARGO_TARGET_DIR/debug/recall`, else
-`target/debug/recall` under the repository root. Standard library only.
+`target/debug/recall` under the repository root. Its config and logs go in
+a temporary directory, removed at the end unless RECALL_SDK_KEEP_LOGS is set.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -177,6 +179,7 @@ class Stack:
             config.write_text(self.config(port))
             env = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
             env["RUST_LOG"] = os.environ.get("RECALL_SDK_LOG", "recall=info,warn")
+            env["NO_COLOR"] = "1"  # plain log lines, shown when a test fails
             proc = self._spawn([str(binary), "--config", str(config)], self.recall_log, env=env)
             try:
                 self._wait_ready(proc, f"http://127.0.0.1:{port}/readyz", self.recall_log, "recall")
@@ -231,6 +234,9 @@ base_url = "{self.upstream_url}/v1"
         for proc in reversed(self.procs):
             self._kill(proc)
         self.procs.clear()
+        # The config and logs go too, unless asked to keep them.
+        if not os.environ.get("RECALL_SDK_KEEP_LOGS"):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()
@@ -301,11 +307,8 @@ def main(argv) -> int:
         print(f"usage: {Path(__file__).name} {'|'.join(UPSTREAMS)}", file=sys.stderr)
         return 2
     stack = Stack(argv[0])
-    stopping = False
 
     def on_signal(signum, frame):
-        nonlocal stopping
-        stopping = True
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)

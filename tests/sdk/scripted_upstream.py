@@ -341,21 +341,13 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-def serve(host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    """Starts the server in a background thread and returns it."""
-    handler = type("ScriptedHandler", (Handler,), {"state": State()})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
-    server = ThreadingHTTPServer((args.host, args.port), type("ScriptedHandler", (Handler,), {"state": State()}))
+    handler = type("ScriptedHandler", (Handler,), {"state": State()})
+    server = ThreadingHTTPServer((args.host, args.port), handler)
     server.daemon_threads = True
     print(f"listening on {server.server_address[1]}", flush=True)
     try:
