@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::accumulate::{self, Event};
 use crate::config::InterruptionConfig;
@@ -209,7 +209,7 @@ async fn stream(
         }
         tokio::select! {
             biased;
-            _ = tx.send(Chunk { bytes, events }) => {}
+            _ = tx.send(Chunk { bytes, events, broke: None }) => {}
             _ = ex.flight.cut_token().cancelled() => {}
         }
     };
@@ -219,15 +219,15 @@ async fn stream(
             // The body records the reply once its last chunk has gone out.
             if !ex.flight.received_complete() {
                 let why = "upstream stream ended before the reply was complete";
-                ex.flight.broke(why);
-                send_error_event(&tx, why, ex.flight.cut_token()).await;
+                send_break(&tx, why, &ex.flight).await;
             }
         }
         End::Broke(why) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %why, "upstream stream failed");
-            ex.flight.broke(&why);
-            if !watch.is_cut() && !ex.flight.received_complete() {
-                send_error_event(&tx, &why, ex.flight.cut_token()).await;
+            if watch.is_cut() || ex.flight.received_complete() {
+                ex.flight.broke(&why);
+            } else {
+                send_break(&tx, &why, &ex.flight).await;
             }
         }
         End::Abandoned => ex.flight.drained(false),
@@ -243,19 +243,27 @@ enum End {
     Abandoned,
 }
 
-/// An OpenAI-style error event, which the SDKs raise as an exception.
-async fn send_error_event(tx: &mpsc::Sender<Chunk>, message: &str, cut: &CancellationToken) {
+/// Tells the client the stream broke, with an OpenAI-style error event
+/// (which the SDKs raise as an exception). The break is settled by the
+/// body when the event reaches it, after the chunks queued before it, so
+/// the record holds exactly what the client was sent; if the event cannot
+/// be handed over, it is settled here.
+async fn send_break(tx: &mpsc::Sender<Chunk>, why: &str, flight: &InFlight) {
     let event = serde_json::json!({"error": {
-        "message": message, "type": "upstream_error", "param": null, "code": "stream_broken"}});
+        "message": why, "type": "upstream_error", "param": null, "code": "stream_broken"}});
     let chunk = Chunk {
         bytes: Bytes::from(format!("data: {event}\n\n")),
         events: Vec::new(),
+        broke: Some(why.to_owned()),
     };
     // A client that stopped reading must not keep this task alive.
-    tokio::select! {
-        _ = tx.send(chunk) => {}
-        _ = cut.cancelled() => {}
-        _ = tokio::time::sleep(ERROR_EVENT_WAIT) => {}
+    let handed_over = tokio::select! {
+        sent = tx.send(chunk) => sent.is_ok(),
+        _ = flight.cut_token().cancelled() => false,
+        _ = tokio::time::sleep(ERROR_EVENT_WAIT) => false,
+    };
+    if !handed_over {
+        flight.broke(why);
     }
 }
 
@@ -315,6 +323,8 @@ impl CutWatch {
 struct Chunk {
     bytes: Bytes,
     events: Vec<Event>,
+    /// The upstream broke off here; `bytes` is the error event.
+    broke: Option<String>,
 }
 
 /// The streamed response body. What it hands to the connection counts as
@@ -384,6 +394,10 @@ impl futures_util::Stream for RelayBody {
             match std::task::ready!(self.rx.poll_recv(cx)) {
                 Some(chunk) => {
                     self.flight.on_relayed(&chunk.events);
+                    if let Some(why) = &chunk.broke {
+                        self.flight.broke(why);
+                        return Poll::Ready(Some(Ok(chunk.bytes)));
+                    }
                     if !chunk.events.contains(&Event::Done) {
                         return Poll::Ready(Some(Ok(chunk.bytes)));
                     }
