@@ -53,6 +53,21 @@ pub enum Event {
     Malformed,
 }
 
+impl Event {
+    /// Whether it adds anything the user would see or a tool would run.
+    pub fn carries_content(&self) -> bool {
+        match self {
+            Event::Chunk(d) => {
+                d.content.as_deref().is_some_and(|c| !c.is_empty())
+                    || d.refusal.as_deref().is_some_and(|c| !c.is_empty())
+                    || !d.tool_calls.is_empty()
+                    || d.function_call.is_some()
+            }
+            Event::Done | Event::Malformed => false,
+        }
+    }
+}
+
 /// What a chunk adds to choice 0, and any error it carries: all that is
 /// kept of it. Parsed into typed fields (borrowing the text where it can),
 /// not into a JSON tree, since every streamed token goes through here.

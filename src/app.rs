@@ -1,26 +1,19 @@
 //! The application: shared state, the router with its layers, and serving.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderName, HeaderValue, Request};
 use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceBuilder;
-use tower_http::request_id::{
-    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
-};
-use tower_http::trace::TraceLayer;
 
 use crate::cache::AnswerCache;
 use crate::config::Config;
 use crate::message::{Message, Role};
-use crate::metrics::Counters;
+use crate::metrics::{Cause, Metrics};
 use crate::session::{Policy, Store};
 use crate::storage::Storage;
 use crate::upstream::{BuildError, Upstreams};
@@ -30,7 +23,7 @@ pub struct App {
     pub config: Config,
     pub sessions: Store,
     pub upstreams: Upstreams,
-    pub counters: Arc<Counters>,
+    pub metrics: Arc<Metrics>,
     pub policy: Arc<Policy>,
     pub notifier: Arc<dyn Notifier>,
     pub cache: Option<AnswerCache>,
@@ -46,7 +39,8 @@ impl App {
     /// Builds the application; starts the webhook's delivery task, so it
     /// must be called inside a tokio runtime.
     pub async fn new(config: Config) -> Result<Arc<Self>, BuildError> {
-        let storage = Storage::open(&config.storage)
+        let metrics = Arc::new(Metrics::default());
+        let storage = Storage::open(&config.storage, &metrics)
             .await
             .map_err(|e| BuildError::new("storage", e))?;
         let storage: Arc<Storage> = storage;
@@ -62,16 +56,20 @@ impl App {
                 m
             })
             .collect();
-        let counters = Arc::new(Counters::default());
         let notifier: Arc<dyn Notifier> = match &config.webhook.url {
-            Some(url) => Webhook::start(&config.webhook, url, Arc::clone(&storage))
-                .map_err(|e| BuildError::new("webhook", e))?,
+            Some(url) => Webhook::start(
+                &config.webhook,
+                url,
+                Arc::clone(&storage),
+                Arc::clone(&metrics),
+            )
+            .map_err(|e| BuildError::new("webhook", e))?,
             None => Arc::new(LogOnly),
         };
         let policy = Arc::new(Policy {
             history: config.history.clone(),
             on_new_request: config.interruption.on_new_request,
-            counters: Arc::clone(&counters),
+            metrics: Arc::clone(&metrics),
             notifier: Arc::clone(&notifier),
             storage,
         });
@@ -89,7 +87,7 @@ impl App {
             config,
             sessions: Store::default(),
             upstreams,
-            counters,
+            metrics,
             policy,
             notifier,
             admin_token,
@@ -101,7 +99,7 @@ impl App {
         app.policy.storage.on_interrupt(Box::new(move |id| {
             if let Some(app) = weak.upgrade() {
                 if let Some(flight) = app.sessions.get(id).and_then(|s| s.in_flight()) {
-                    flight.interrupt(None);
+                    flight.interrupt(None, Cause::Replica);
                 }
             }
         }));
@@ -119,39 +117,10 @@ impl App {
     }
 }
 
-/// recall's own id for each request. `x-request-id` is left to the
-/// upstream: the OpenAI SDKs read it as the provider's request id.
-pub const REQUEST_ID_HEADER: &str = "x-recall-request-id";
-
-#[derive(Clone, Default)]
-struct SequentialId(Arc<AtomicU64>);
-
-impl MakeRequestId for SequentialId {
-    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
-        let n = self.0.fetch_add(1, Ordering::Relaxed);
-        HeaderValue::try_from(format!("req-{n}"))
-            .ok()
-            .map(RequestId::new)
-    }
-}
-
-/// The router with its layers. Outermost first: a request id is set (or
-/// taken from the client), the trace span is opened with it, and the id is
-/// copied onto the response. Body size is enforced by the handlers, which
-/// answer with OpenAI's error shape rather than a bare 413.
+/// The router. Every request passes through `api::observe` (request id,
+/// span, log line, metrics) once it is routed, so that it knows the route.
 pub fn router(app: Arc<App>) -> Router {
-    let id_header = HeaderName::from_static(REQUEST_ID_HEADER);
-    crate::api::routes(&app)
-        .layer(
-            ServiceBuilder::new()
-                .layer(SetRequestIdLayer::new(
-                    id_header.clone(),
-                    SequentialId::default(),
-                ))
-                .layer(TraceLayer::new_for_http())
-                .layer(PropagateRequestIdLayer::new(id_header)),
-        )
-        .with_state(app)
+    crate::api::routes(&app).with_state(app)
 }
 
 /// Serves until `shutdown` resolves. Then: stop accepting, let replies in
@@ -216,7 +185,7 @@ impl App {
             .all()
             .iter()
             .filter_map(|s| s.in_flight())
-            .filter(|f| f.interrupt(None).is_some())
+            .filter(|f| f.interrupt(None, Cause::Shutdown).is_some())
             .count()
     }
 

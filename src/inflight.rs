@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::accumulate::{Event, ReplyAccumulator};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
+use crate::metrics::Cause;
 use crate::session::{Policy, Session};
 use crate::storage::{Claim, Ticket};
 use crate::turns;
@@ -167,14 +168,14 @@ impl InFlight {
 
     /// The client went away (its body or its request was dropped).
     pub fn client_gone(&self) {
-        self.interrupt(None);
+        self.interrupt(None, Cause::ClientGone);
     }
 
     /// Cuts the reply off for the client and records it as interrupted,
     /// with `spoken` as its content when given. Returns the record, or
     /// `None` when the reply was already settled. A reply whose last event
     /// already went out is complete, not interrupted.
-    pub fn interrupt(&self, spoken: Option<&Spoken>) -> Option<(Message, Ticket)> {
+    pub fn interrupt(&self, spoken: Option<&Spoken>, cause: Cause) -> Option<(Message, Ticket)> {
         let mut p = self.progress();
         if p.outcome != Outcome::Open {
             return None;
@@ -197,6 +198,9 @@ impl InFlight {
             Outcome::Interrupted { seq: None },
         );
         p.outcome = Outcome::Interrupted { seq };
+        if let Some(r) = &self.recorder {
+            r.policy.metrics.interrupted(cause);
+        }
         // Only now that the record is queued: the client's response ends
         // on the cut, and a shutdown waiting for it must find the record
         // ahead of its final flush.
@@ -297,6 +301,9 @@ impl InFlight {
         if let Outcome::Interrupted { seq } = p.outcome {
             let full = p.received.to_message();
             let complete = complete || p.received.is_complete();
+            if let Some(r) = &self.recorder {
+                r.policy.metrics.drained(complete);
+            }
             self.update(seq, |m| interruption::set_original(m, &full, complete));
         }
     }

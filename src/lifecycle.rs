@@ -93,7 +93,7 @@ async fn end_when(
     };
     let _ = claim.map(|c| storage.release(c));
     app.sessions.remove(&session);
-    app.counters.session_ended();
+    app.metrics.session_ended();
     let event = event_of(&ended);
     tracing::info!(session = %session.id, ?reason, "session ended");
     app.notifier

@@ -25,6 +25,7 @@ use crate::accumulate::{self, Event};
 use crate::config::InterruptionConfig;
 use crate::error::{ApiError, RequestError, UpstreamError};
 use crate::inflight::InFlight;
+use crate::metrics::Metrics;
 use crate::storage::StorageError;
 use crate::upstream::{relayed_response_headers, Upstream};
 
@@ -39,6 +40,33 @@ pub struct Exchange {
     pub body: Bytes,
     pub flight: Arc<InFlight>,
     pub drain: InterruptionConfig,
+    pub metrics: Arc<Metrics>,
+    /// When the client's request arrived: the proxy's own time is counted
+    /// from here.
+    pub arrived: Instant,
+}
+
+/// When the upstream was called and when its answer was in, for the
+/// overhead metric: the time before the first and after the second is the
+/// proxy's own.
+struct Timing {
+    called: Instant,
+    answered: Instant,
+}
+
+impl Exchange {
+    fn answered(&self, called: Instant) -> Timing {
+        let answered = Instant::now();
+        self.metrics
+            .upstream(&self.upstream.name, answered - called);
+        Timing { called, answered }
+    }
+
+    /// The client's response head goes out now.
+    fn responding(&self, t: &Timing, stream: bool) {
+        let own = (t.called - self.arrived) + t.answered.elapsed();
+        self.metrics.overhead(stream, own);
+    }
 }
 
 type Head = Result<Response, ApiError>;
@@ -47,7 +75,8 @@ type Head = Result<Response, ApiError>;
 pub async fn start(exchange: Exchange) -> Head {
     let flight = Arc::clone(&exchange.flight);
     let (tx, rx) = oneshot::channel();
-    tokio::spawn(run(exchange, tx));
+    // In the request's span, so that what the task logs names the request.
+    tokio::spawn(tracing::Instrument::in_current_span(run(exchange, tx)));
     // Dropped with this future when the client goes away before the head.
     let guard = GoneGuard(Some(Arc::clone(&flight)));
     let head = tokio::select! {
@@ -82,6 +111,7 @@ impl Drop for GoneGuard {
 
 async fn run(ex: Exchange, respond: oneshot::Sender<Head>) {
     let mut watch = CutWatch::new(&ex);
+    let called = Instant::now();
     let sent = ex.upstream.send(
         Method::POST,
         "/chat/completions",
@@ -92,6 +122,7 @@ async fn run(ex: Exchange, respond: oneshot::Sender<Head>) {
         None => return ex.flight.drained(false),
         Some(Err(e)) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %e, "upstream call failed");
+            ex.metrics.upstream_error(&ex.upstream.name);
             ex.flight.failed(&e.to_string());
             let _ = respond.send(Err(e.into()));
             return;
@@ -106,9 +137,10 @@ async fn run(ex: Exchange, respond: oneshot::Sender<Head>) {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if status.is_success() && is_sse {
-        stream(&ex, &mut watch, resp, status, headers, respond).await;
+        let timing = ex.answered(called);
+        stream(&ex, &mut watch, resp, status, headers, respond, timing).await;
     } else {
-        whole(&ex, &mut watch, resp, status, headers, respond).await;
+        whole(&ex, &mut watch, resp, status, headers, respond, called).await;
     }
 }
 
@@ -120,6 +152,7 @@ async fn whole(
     status: StatusCode,
     headers: HeaderMap,
     respond: oneshot::Sender<Head>,
+    called: Instant,
 ) {
     let bytes = match watch.run(resp.bytes()).await {
         None => return ex.flight.drained(false),
@@ -133,11 +166,13 @@ async fn whole(
                     reason: format!("response body broke off: {e}"),
                 }
             };
+            ex.metrics.upstream_error(&ex.upstream.name);
             ex.flight.failed(&err.to_string());
             let _ = respond.send(Err(err.into()));
             return;
         }
     };
+    let timing = ex.answered(called);
     let parsed: Option<serde_json::Value> = status
         .is_success()
         .then(|| serde_json::from_slice(&bytes).ok())
@@ -158,12 +193,14 @@ async fn whole(
         None if status.is_success() => ex.flight.failed("upstream answer had no choice 0 message"),
         None => {
             tracing::info!(upstream = %ex.upstream.name, %status, "upstream answered with an error");
+            ex.metrics.upstream_error(&ex.upstream.name);
             ex.flight.failed(&format!(
                 "upstream answered {status}: {}",
                 error_message(&bytes)
             ));
         }
     }
+    ex.responding(&timing, false);
     let _ = respond.send(Ok(response(status, headers, Body::from(bytes))));
 }
 
@@ -176,11 +213,14 @@ async fn stream(
     status: StatusCode,
     headers: HeaderMap,
     respond: oneshot::Sender<Head>,
+    timing: Timing,
 ) {
     let (tx, rx) = mpsc::channel(RELAY_BUFFER);
     let body = RelayBody::new(rx, Arc::clone(&ex.flight));
+    ex.responding(&timing, true);
     // If the handler is gone, the body is dropped here and its guard fires.
     let _ = respond.send(Ok(response(status, headers, Body::from_stream(body))));
+    let mut first_token = true;
 
     let mut parser = sse_parse::SseParser::new();
     let mut upstream = resp.bytes_stream();
@@ -200,6 +240,11 @@ async fn stream(
             events.push(Event::parse(&event.data));
         }
         ex.flight.on_received(&events);
+        if first_token && events.iter().any(Event::carries_content) {
+            first_token = false;
+            ex.metrics
+                .first_token(&ex.upstream.name, timing.called.elapsed());
+        }
         if watch.is_cut() {
             drained += bytes.len();
             if drained >= ex.drain.drain_max_bytes {
@@ -224,6 +269,7 @@ async fn stream(
         }
         End::Broke(why) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %why, "upstream stream failed");
+            ex.metrics.upstream_error(&ex.upstream.name);
             if watch.is_cut() || ex.flight.received_complete() {
                 ex.flight.broke(&why);
             } else {

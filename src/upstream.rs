@@ -143,8 +143,10 @@ pub fn relayed_response_headers(upstream: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, value) in upstream {
         let n = name.as_str();
-        if n == "content-type"
-            || n == "x-request-id"
+        if n == "x-request-id" {
+            // recall's own request id takes this name on the response.
+            out.append("x-upstream-request-id", value.clone());
+        } else if n == "content-type"
             || n == "retry-after"
             || n == "retry-after-ms"
             || n == "x-should-retry"
@@ -244,7 +246,7 @@ mod tests {
                 "openai-processing-ms",
                 "retry-after",
                 "x-ratelimit-remaining-tokens",
-                "x-request-id"
+                "x-upstream-request-id"
             ]
         );
     }

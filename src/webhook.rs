@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::WebhookConfig;
 use crate::message::Message;
+use crate::metrics::Metrics;
 use crate::storage::{Op, Storage};
 use crate::window::{TrimReason, TrimScope};
 
@@ -137,6 +138,7 @@ struct Delivery {
     /// shutdown can log them whole.
     pending: Mutex<HashMap<u64, Event>>,
     next: AtomicU64,
+    metrics: Arc<Metrics>,
 }
 
 impl Webhook {
@@ -144,6 +146,7 @@ impl Webhook {
         config: &WebhookConfig,
         url: &str,
         storage: Arc<Storage>,
+        metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, reqwest::Error> {
         let secret = config
             .secret_env
@@ -172,6 +175,7 @@ impl Webhook {
             slots: Semaphore::new(CONCURRENT),
             pending: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
+            metrics,
         });
         let webhook = Arc::new(Self {
             events: config.events.clone(),
@@ -211,9 +215,12 @@ impl Notifier for Webhook {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             for event in self.delivery.pending().values() {
+                // Contents only at trace: logs must not hold conversations.
                 let body = serde_json::to_string(event).unwrap_or_default();
-                tracing::error!(event = event.name(), session = event.session_id(), %body,
-                    "webhook event undelivered at shutdown; the event is in this log line");
+                tracing::error!(event = event.name(), session = event.session_id(),
+                    "webhook event undelivered at shutdown (its body is logged at trace level)");
+                tracing::trace!(event = event.name(), session = event.session_id(), %body,
+                    "undelivered webhook event");
             }
         })
     }
@@ -269,8 +276,10 @@ impl Delivery {
                 "webhook delivery failed after all retries; the event is kept in storage and sent again after a restart");
             return;
         }
-        tracing::error!(event = event.name(), session = event.session_id(), body = %text,
-            "webhook delivery failed after all retries; the event is in this log line");
+        tracing::error!(event = event.name(), session = event.session_id(),
+            "webhook delivery failed after all retries (its body is logged at trace level)");
+        tracing::trace!(event = event.name(), session = event.session_id(), body = %text,
+            "undelivered webhook event");
     }
 
     /// Events kept by an earlier run: each is sent again (with retries) and
@@ -322,7 +331,10 @@ impl Delivery {
             if let Some(sig) = &signature {
                 req = req.header("x-recall-signature", sig.as_str());
             }
-            match req.send().await {
+            let sent = req.send().await;
+            self.metrics
+                .webhook_attempt(sent.as_ref().is_ok_and(|r| r.status().is_success()));
+            match sent {
                 Ok(resp) if resp.status().is_success() => {
                     tracing::debug!(event = name, session, attempt, "webhook delivered");
                     return true;

@@ -52,7 +52,7 @@ async fn a_repeated_question_is_answered_from_the_cache() {
         calls,
         "the upstream was called"
     );
-    assert_eq!(h.app.counters.cache_hits(), 1);
+    assert_eq!(h.app.metrics.cache_hits(), 1);
 
     // Recorded like any reply, marked as coming from the cache.
     let (_, hist) = h.history("c").await;

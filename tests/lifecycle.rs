@@ -160,13 +160,13 @@ async fn trims_are_counted_and_delivered_when_asked_for() {
     use recall::window::{TrimReason, TrimScope};
     assert!(
         h.app
-            .counters
+            .metrics
             .trimmed(TrimScope::Window, TrimReason::MaxMessages)
             >= 1
     );
     assert!(
         h.app
-            .counters
+            .metrics
             .trimmed(TrimScope::History, TrimReason::MaxMessages)
             >= 1
     );

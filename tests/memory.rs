@@ -149,7 +149,7 @@ async fn window_by_count_sends_only_the_newest_messages() {
         h.upstream.last().transcript(),
         ["system: sys", "user: c", "assistant: reply 3", "user: d"]
     );
-    assert!(h.app.counters.trimmed_sent() > 0);
+    assert!(h.app.metrics.trimmed_sent() > 0);
     // The session keeps at most five messages, oldest dropped first.
     let kept = h.transcript("w").await;
     assert_eq!(
@@ -162,7 +162,7 @@ async fn window_by_count_sends_only_the_newest_messages() {
             "assistant: reply 4"
         ]
     );
-    assert!(h.app.counters.trimmed_kept() >= 3);
+    assert!(h.app.metrics.trimmed_kept() >= 3);
 }
 
 #[tokio::test]

@@ -24,7 +24,12 @@ async fn events_are_relayed_as_they_arrive_and_the_reply_is_remembered() {
         .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
-    assert_eq!(resp.headers()["x-request-id"], "req-upstream-sse");
+    // recall's own id, and the upstream's under its own name.
+    assert!(resp.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .starts_with("req_"));
+    assert_eq!(resp.headers()["x-upstream-request-id"], "req-upstream-sse");
 
     let mut body = resp.bytes_stream();
     let mut received = Vec::new();

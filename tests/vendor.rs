@@ -161,13 +161,13 @@ async fn headers_cross_as_openai_clients_expect() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     for (k, v) in [
-        ("x-request-id", "req-upstream-1"),
+        ("x-upstream-request-id", "req-upstream-1"),
         ("openai-processing-ms", "7"),
         ("x-ratelimit-remaining-requests", "99"),
     ] {
         assert_eq!(resp.headers()[k], v, "{k}");
     }
-    assert!(resp.headers().contains_key("x-recall-request-id"));
+    assert!(resp.headers().contains_key("x-request-id"));
     let got = h.upstream.last().headers;
     assert_eq!(got["authorization"], "Bearer client-key");
     assert_eq!(got["openai-organization"], "org-1");

@@ -11,8 +11,10 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use serde_json::{Map, Value};
 
+use super::observe::ServedBy;
 use crate::app::App;
 use crate::cache;
 use crate::config::OnNewRequest;
@@ -27,10 +29,13 @@ use crate::vendor::{self, TurnInfo};
 pub async fn completions(
     State(app): State<Arc<App>>,
     path: Option<Path<HashMap<String, String>>>,
+    served: Option<Extension<ServedBy>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = super::read_body(body, app.config.server.max_body_bytes).await?;
+    // The client's upload is its own pace: the proxy's time starts here.
+    let arrived = tokio::time::Instant::now();
     let mut body = parse_body(&bytes)?;
     let messages = take_messages(&mut body)?;
     let session_id = session_id(&app, path.as_ref().map(|p| &p.0), &headers, &body)?;
@@ -52,6 +57,12 @@ pub async fn completions(
             model: model.clone(),
         })?
         .clone();
+    if let Some(Extension(served)) = &served {
+        served.note(&upstream.name);
+    }
+    if let Some(id) = &session_id {
+        tracing::Span::current().record("session", id.as_str());
+    }
 
     let (instructions, mut conversation): (Vec<Message>, Vec<Message>) =
         messages.into_iter().partition(Message::is_instruction);
@@ -87,6 +98,9 @@ pub async fn completions(
         flight,
     ) = prepared;
     let turn = session_id.as_ref().map(|_| TurnInfo { turn_id });
+    if turn.is_some() {
+        tracing::Span::current().record("turn", turn_id);
+    }
     let all_instructions: Vec<Message> = app
         .instructions
         .iter()
@@ -106,8 +120,10 @@ pub async fn completions(
         )
     });
     if let Some(key) = cache_key.filter(|_| !bypass_cache(&headers)) {
-        if let Some(answer) = app.cache.as_ref().and_then(|c| c.get(&key)) {
-            return answer_from_cache(&app, &flight, &body, &model, &answer, now).await;
+        let answer = app.cache.as_ref().and_then(|c| c.get(&key));
+        app.metrics.cache_lookup(answer.is_some());
+        if let Some(answer) = answer {
+            return answer_from_cache(&flight, &body, &model, &answer, now).await;
         }
     }
     if let (Some(key), Some(_)) = (cache_key, &app.cache) {
@@ -134,12 +150,7 @@ pub async fn completions(
             return Err(ApiError::Internal);
         }
     };
-    tracing::debug!(
-        session = session_id.as_deref().unwrap_or("-"),
-        upstream = %upstream.name,
-        window = window.len(),
-        "forwarding chat completion"
-    );
+    tracing::debug!(window = window.len(), "forwarding chat completion");
 
     let mut response = relay::start(Exchange {
         upstream,
@@ -147,6 +158,8 @@ pub async fn completions(
         body: upstream_body.into(),
         flight,
         drain: app.config.interruption.clone(),
+        metrics: Arc::clone(&app.metrics),
+        arrived,
     })
     .await?;
     if cache_key.is_some() {
@@ -157,8 +170,6 @@ pub async fn completions(
     Ok(response)
 }
 
-/// Ends a turn whose request was dropped before the exchange began (the
-/// exchange has guards of its own).
 /// Begins a turn in session `id`, creating the session if needed. A session
 /// that ended while this request held it is looked up again (and so
 /// started anew).
@@ -233,14 +244,12 @@ fn bypass_cache(headers: &HeaderMap) -> bool {
 /// Answers from the cache, in the shape the client asked for, and records
 /// the answer like any reply (`metadata.source = "cache"`).
 async fn answer_from_cache(
-    app: &App,
     flight: &InFlight,
     body: &Map<String, Value>,
     model: &str,
     answer: &str,
     now: i64,
 ) -> Result<Response, ApiError> {
-    app.counters.cache_hit();
     let mut reply = Message::new(Role::Assistant, answer);
     reply
         .metadata_mut()

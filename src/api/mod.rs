@@ -3,6 +3,7 @@
 
 mod chat;
 mod models;
+pub mod observe;
 mod sessions;
 
 use std::sync::Arc;
@@ -25,10 +26,15 @@ pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
         .nest("/v1", v1(app))
         .nest("/sessions/{session_id}/v1", v1(app))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(app),
+            observe::observe,
+        ))
 }
 
 fn v1(app: &Arc<App>) -> Router<Arc<App>> {
@@ -92,6 +98,23 @@ async fn ready(State(app): State<Arc<App>>) -> Response {
             ApiError::Storage(e).into_response()
         }
     }
+}
+
+/// Prometheus text format. The session figures are counted at each scrape
+/// (one short lock per session), not kept on the request path.
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    use axum::response::IntoResponse;
+    let sessions = app.sessions.all();
+    let messages: usize = sessions.iter().map(|s| s.message_count()).sum();
+    let text = app.metrics.render(sessions.len(), messages);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {

@@ -21,7 +21,7 @@ use crate::config::{HistoryConfig, OnNewRequest};
 use crate::inflight::{InFlight, Recorder};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
-use crate::metrics::Counters;
+use crate::metrics::{Cause, Metrics};
 use crate::storage::{Loaded, Meta, Op, Storage, Ticket};
 use crate::webhook::{Event, Notifier};
 use crate::window::{self, Limits, TrimReason, TrimScope};
@@ -40,7 +40,7 @@ pub fn validate_id(id: &str) -> Result<(), &'static str> {
 pub struct Policy {
     pub history: HistoryConfig,
     pub on_new_request: OnNewRequest,
-    pub counters: Arc<Counters>,
+    pub metrics: Arc<Metrics>,
     pub notifier: Arc<dyn Notifier>,
     pub storage: Arc<Storage>,
 }
@@ -224,6 +224,11 @@ impl Session {
         }
     }
 
+    /// Messages held in memory (for the metrics).
+    pub fn message_count(&self) -> usize {
+        self.state().messages.len()
+    }
+
     pub fn touch(&self, now_ms: i64) {
         self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
     }
@@ -321,7 +326,7 @@ impl Session {
             // the other way round: the session lock is released above.
             match policy {
                 OnNewRequest::Interrupt => {
-                    active.interrupt(None);
+                    active.interrupt(None, Cause::NewRequest);
                 }
                 OnNewRequest::Reject => {
                     if !active.settle_if_delivered() {
@@ -364,9 +369,7 @@ impl Session {
         let from = st.first_seq + start as u64;
         if start > 0 {
             let reason = window::trim_reason(&st.messages, limits, start);
-            policy
-                .counters
-                .add_trimmed(TrimScope::Window, reason, start);
+            policy.metrics.add_trimmed(TrimScope::Window, reason, start);
             if from != st.window_from {
                 self.trimmed(policy, TrimScope::Window, reason, start);
             }
@@ -393,7 +396,7 @@ impl Session {
                 seq: st.first_seq,
             });
             policy
-                .counters
+                .metrics
                 .add_trimmed(TrimScope::History, TrimReason::MaxMessages, drop);
             self.trimmed(policy, TrimScope::History, TrimReason::MaxMessages, drop);
         }
@@ -474,7 +477,7 @@ impl Session {
     pub fn interrupt(&self, policy: &Policy, spoken: Option<&Spoken>, now_ms: i64) -> Interrupted {
         let active = self.state().active.clone();
         if let Some(active) = active {
-            if let Some((record, ticket)) = active.interrupt(spoken) {
+            if let Some((record, ticket)) = active.interrupt(spoken, Cause::Endpoint) {
                 return Interrupted::InFlight(record, ticket);
             }
         }

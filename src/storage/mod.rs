@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::config::{StorageBackend, StorageConfig};
 use crate::message::Message;
+use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -188,11 +189,20 @@ pub use self::redis::Wait;
 pub struct Claim(Option<redis::Lease>);
 
 impl Storage {
-    pub async fn open(config: &StorageConfig) -> Result<Arc<Self>, StorageError> {
+    /// Opens the configured backend; its writer reports each group
+    /// commit's duration to `metrics`.
+    pub async fn open(
+        config: &StorageConfig,
+        metrics: &Metrics,
+    ) -> Result<Arc<Self>, StorageError> {
         Ok(Arc::new(match config.backend {
             StorageBackend::Memory => Storage::Memory,
-            StorageBackend::Sqlite => Storage::Sqlite(sqlite::Sqlite::open(config).await?),
-            StorageBackend::Redis => Storage::Redis(redis::Redis::open(config).await?),
+            StorageBackend::Sqlite => Storage::Sqlite(
+                sqlite::Sqlite::open(config, metrics.storage_writes("sqlite")).await?,
+            ),
+            StorageBackend::Redis => {
+                Storage::Redis(redis::Redis::open(config, metrics.storage_writes("redis")).await?)
+            }
         }))
     }
 

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use futures_util::StreamExt;
+use prometheus_client::metrics::histogram::Histogram;
 use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -86,7 +87,7 @@ pub enum Wait {
 }
 
 impl Redis {
-    pub async fn open(config: &StorageConfig) -> Result<Self, StorageError> {
+    pub async fn open(config: &StorageConfig, writes: Histogram) -> Result<Self, StorageError> {
         let url = config.url.clone().unwrap_or_default();
         let client = redis::Client::open(url.as_str())?;
         let conn = client.get_connection_manager().await?;
@@ -98,6 +99,7 @@ impl Redis {
             prefix.clone(),
             Arc::clone(&known),
             rx,
+            writes,
         ));
         let on_interrupt: Arc<OnceLock<OnInterrupt>> = Arc::new(OnceLock::new());
         tokio::spawn(listen(
@@ -432,15 +434,17 @@ async fn write_loop(
     prefix: String,
     known: Arc<DashMap<String, u64>>,
     mut rx: mpsc::UnboundedReceiver<Batch>,
+    writes: Histogram,
 ) {
     while let Some(first) = rx.recv().await {
         let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
-        let result = apply(&mut conn, &prefix, &known, &batches)
-            .await
-            .map_err(|e| {
-                tracing::error!(error = %e, ops, "redis write failed");
-                e.to_string()
-            });
+        let started = std::time::Instant::now();
+        let result = apply(&mut conn, &prefix, &known, &batches).await;
+        writes.observe(started.elapsed().as_secs_f64());
+        let result = result.map_err(|e| {
+            tracing::error!(error = %e, ops, "redis write failed");
+            e.to_string()
+        });
         super::settle(batches, &result);
     }
 }

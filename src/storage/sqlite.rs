@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::histogram::Histogram;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
@@ -48,7 +49,7 @@ pub struct Sqlite {
 }
 
 impl Sqlite {
-    pub async fn open(config: &StorageConfig) -> Result<Self, StorageError> {
+    pub async fn open(config: &StorageConfig, writes: Histogram) -> Result<Self, StorageError> {
         let path = config.path.clone();
         let sync = config.sync;
         let (writer, reader) = tokio::task::spawn_blocking(move || -> Result<_, StorageError> {
@@ -90,7 +91,7 @@ impl Sqlite {
             .map_err(|e| StorageError::Task(e.to_string()))?;
         std::thread::Builder::new()
             .name("recall-sqlite-writer".into())
-            .spawn(move || write_loop(writer, rx))
+            .spawn(move || write_loop(writer, rx, writes))
             .map_err(|e| StorageError::Task(e.to_string()))?;
         tracing::info!(path = %config.path, "sqlite storage open");
         Ok(Self {
@@ -287,11 +288,14 @@ fn meta_from_row_at(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Meta
 
 /// The writer thread: take what has queued up, commit it as one
 /// transaction, then tell every waiter.
-fn write_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Batch>) {
+fn write_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Batch>, writes: Histogram) {
     raise_priority();
     while let Some(first) = rx.blocking_recv() {
         let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
-        let result = apply(&mut conn, &batches).map_err(|e| {
+        let started = std::time::Instant::now();
+        let result = apply(&mut conn, &batches);
+        writes.observe(started.elapsed().as_secs_f64());
+        let result = result.map_err(|e| {
             tracing::error!(error = %e, ops, "sqlite write failed");
             e.to_string()
         });

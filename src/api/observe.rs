@@ -1,0 +1,141 @@
+//! What every request leaves behind: a request id, a tracing span, one log
+//! line and its metrics.
+//!
+//! The span is opened here and the handlers fill in what only they know
+//! (`session`, `turn`, `upstream`) with `Span::current().record(..)`; the
+//! relay task runs inside the same span, so its warnings carry them too.
+//! Message contents and keys never go into a span or a line above `trace`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::field::Empty;
+use tracing::Instrument;
+
+use crate::app::App;
+use crate::metrics::RequestLabels;
+
+/// The header a request id is read from and returned in. An upstream's own
+/// `x-request-id` is relayed as `x-upstream-request-id`.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Where the chat handler notes the upstream it chose, for the metrics'
+/// `upstream` label: set on success and on error alike.
+#[derive(Clone, Debug, Default)]
+pub struct ServedBy(pub Arc<OnceLock<String>>);
+
+impl ServedBy {
+    pub fn note(&self, upstream: &str) {
+        let _ = self.0.set(upstream.to_owned());
+        tracing::Span::current().record("upstream", upstream);
+    }
+}
+
+pub async fn observe(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let id = client_request_id(request.headers()).unwrap_or_else(new_request_id);
+    let route = route_label(request.extensions().get::<MatchedPath>());
+    let quiet = matches!(route.as_str(), "/healthz" | "/readyz" | "/metrics");
+    let span = tracing::info_span!(
+        "request",
+        id = %id,
+        method = %request.method(),
+        route = %route,
+        session = Empty,
+        turn = Empty,
+        upstream = Empty,
+        status = Empty,
+        ms = Empty,
+    );
+    let served = ServedBy::default();
+    request.extensions_mut().insert(served.clone());
+    let mut response = next.run(request).instrument(span.clone()).await;
+    let took = started.elapsed();
+    let status = response.status().as_u16();
+    let upstream = served.0.get().cloned().unwrap_or_default();
+    span.record("status", status);
+    span.record("ms", took.as_secs_f64() * 1000.0);
+    span.in_scope(|| {
+        if quiet {
+            tracing::debug!("request answered");
+        } else if status >= 500 {
+            tracing::warn!("request answered");
+        } else {
+            tracing::info!("request answered");
+        }
+    });
+    app.metrics.request(
+        &RequestLabels {
+            route,
+            status,
+            upstream,
+        },
+        took,
+    );
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        let headers = response.headers_mut();
+        if let Some(theirs) = headers.remove(REQUEST_ID) {
+            headers.insert("x-upstream-request-id", theirs);
+        }
+        headers.insert(REQUEST_ID, v);
+    }
+    response
+}
+
+/// The route template, with the base-URL session form folded into the
+/// plain one, so that labels stay few and hold no session ids.
+fn route_label(matched: Option<&MatchedPath>) -> String {
+    let Some(path) = matched.map(MatchedPath::as_str) else {
+        return "unmatched".into();
+    };
+    path.strip_prefix("/sessions/{session_id}")
+        .unwrap_or(path)
+        .to_owned()
+}
+
+/// A client's own id is kept when it is short, visible ASCII: it goes into
+/// logs and back into a header.
+fn client_request_id(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(REQUEST_ID)?.to_str().ok()?;
+    let ok = !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic());
+    ok.then(|| v.to_owned())
+}
+
+/// Unique across restarts and replicas without a random draw per request:
+/// a random prefix chosen once, and a counter.
+fn new_request_id() -> String {
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let prefix = PREFIX.get_or_init(|| {
+        use ring::rand::SecureRandom;
+        let mut bytes = [0u8; 6];
+        let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    });
+    format!("req_{prefix}{:08x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_unique_and_client_ids_are_checked() {
+        let a = new_request_id();
+        let b = new_request_id();
+        assert_ne!(a, b);
+        assert!(a.starts_with("req_") && a.len() == 4 + 12 + 8, "{a}");
+        let mut h = HeaderMap::new();
+        h.insert(REQUEST_ID, HeaderValue::from_static("abc-123"));
+        assert_eq!(client_request_id(&h).as_deref(), Some("abc-123"));
+        h.insert(REQUEST_ID, HeaderValue::from_static("has space"));
+        assert_eq!(client_request_id(&h), None);
+        h.insert(REQUEST_ID, HeaderValue::from_str(&"x".repeat(129)).unwrap());
+        assert_eq!(client_request_id(&h), None);
+    }
+}
