@@ -28,12 +28,57 @@ fn main() {
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1).cloned());
+    let repeat = args
+        .iter()
+        .position(|a| a == "--repeat")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(if quick { 1 } else { 3 })
+        .max(1);
+    if !args.iter().any(|a| a == "--no-pin") {
+        pin();
+    }
     let mock = start_mock();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run(mock, quick, only));
+    rt.block_on(run(mock, quick, only, repeat));
+}
+
+/// The load generator and the mock share CPU 0; each path under test gets
+/// CPU 1 to itself (see `under_test`). Without this, the proxy, the mock
+/// and the generator fight over both cores and the run-to-run noise is as
+/// large as the targets. Skipped on a machine with fewer than 2 CPUs.
+static PINNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn pin() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 || which("taskset").is_none()
+    {
+        eprintln!("not pinning: needs 2 CPUs and taskset");
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
+    // within it; sched_setaffinity only reads it. Threads started later
+    // (the mock's, tokio's) inherit the mask.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    };
+    if ok {
+        PINNED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A process under test: on CPU 1 when the run is pinned.
+fn under_test(program: &str) -> Command {
+    if PINNED.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "1", program]);
+        c
+    } else {
+        Command::new(program)
+    }
 }
 
 // ---------------------------------------------------------------- the mock
@@ -160,7 +205,7 @@ async fn start_recall(mock: SocketAddr, backend: &str, max_messages: usize) -> T
     );
     let path = dir.join(format!("recall-{port}.toml"));
     std::fs::write(&path, config).expect("config");
-    let child = Command::new(env!("CARGO_BIN_EXE_recall"))
+    let child = under_test(env!("CARGO_BIN_EXE_recall"))
         .arg("--config")
         .arg(&path)
         .stdout(Stdio::null())
@@ -195,7 +240,7 @@ async fn start_nginx(mock: SocketAddr) -> Option<Target> {
     );
     let path = dir.join("nginx.conf");
     std::fs::write(&path, conf).ok()?;
-    let child = Command::new(nginx)
+    let child = under_test(nginx)
         .arg("-c")
         .arg(&path)
         .arg("-p")
@@ -225,7 +270,7 @@ async fn start_litellm(mock: SocketAddr) -> Option<Target> {
     );
     let path = dir.join("litellm.yaml");
     std::fs::write(&path, conf).ok()?;
-    let child = Command::new(litellm)
+    let child = under_test(&litellm)
         .args([
             "--config",
             path.to_str()?,
@@ -479,27 +524,71 @@ fn rss_kib(child: &Option<Child>) -> Option<(u64, u64)> {
 
 // ------------------------------------------------------------- the run
 
-fn row(target: &str, s: &Scenario, st: &mut Stats) -> Vec<String> {
+/// One run's figures for one path and scenario (latencies in ms).
+#[derive(Clone, Copy)]
+struct Figures {
+    rate: f64,
+    errors: usize,
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    max: f64,
+    ttfb99: f64,
+    gap99: f64,
+}
+
+fn figures(st: &mut Stats) -> Figures {
     let ok = st.latency.len();
+    Figures {
+        rate: ok as f64 / st.elapsed.max(1e-9),
+        errors: st.errors + (st.sent - ok - st.errors),
+        p50: pct(&mut st.latency, 0.50),
+        p90: pct(&mut st.latency, 0.90),
+        p99: pct(&mut st.latency, 0.99),
+        max: pct(&mut st.latency, 1.0),
+        ttfb99: pct(&mut st.ttfb, 0.99),
+        gap99: pct(&mut st.gaps, 0.99),
+    }
+}
+
+/// Each figure's median over repeated runs (errors: their sum), so that
+/// one noisy run on a shared machine does not decide a row.
+fn median(runs: &[Figures]) -> Figures {
+    let mid = |f: fn(&Figures) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        pct(&mut v, 0.5)
+    };
+    Figures {
+        rate: mid(|f| f.rate),
+        errors: runs.iter().map(|f| f.errors).sum(),
+        p50: mid(|f| f.p50),
+        p90: mid(|f| f.p90),
+        p99: mid(|f| f.p99),
+        max: mid(|f| f.max),
+        ttfb99: mid(|f| f.ttfb99),
+        gap99: mid(|f| f.gap99),
+    }
+}
+
+fn row(target: &str, s: &Scenario, f: &Figures) -> Vec<String> {
+    let opt = |v: f64, digits: usize| {
+        if v.is_nan() {
+            "-".into()
+        } else {
+            format!("{v:.digits$}")
+        }
+    };
     vec![
         target.to_owned(),
         s.name.clone(),
-        format!("{:.0}", ok as f64 / st.elapsed.max(1e-9)),
-        format!("{}", st.errors + (st.sent - ok - st.errors)),
-        format!("{:.2}", pct(&mut st.latency, 0.50)),
-        format!("{:.2}", pct(&mut st.latency, 0.90)),
-        format!("{:.2}", pct(&mut st.latency, 0.99)),
-        format!("{:.2}", pct(&mut st.latency, 1.0)),
-        if st.ttfb.is_empty() {
-            "-".into()
-        } else {
-            format!("{:.2}", pct(&mut st.ttfb, 0.99))
-        },
-        if st.gaps.is_empty() {
-            "-".into()
-        } else {
-            format!("{:.3}", pct(&mut st.gaps, 0.99))
-        },
+        format!("{:.0}", f.rate),
+        format!("{}", f.errors),
+        format!("{:.2}", f.p50),
+        format!("{:.2}", f.p90),
+        format!("{:.2}", f.p99),
+        format!("{:.2}", f.max),
+        opt(f.ttfb99, 2),
+        opt(f.gap99, 3),
     ]
 }
 
@@ -512,7 +601,7 @@ fn print_table(rows: &[Vec<String>]) {
     let _ = std::io::stdout().flush();
 }
 
-async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
+async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize) {
     let secs = if quick { 3.0 } else { 8.0 };
     let rate = 2000.0;
     let wanted = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
@@ -533,19 +622,13 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
 
     let mut rows = Vec::new();
     let mut summary: HashMap<(String, String), (f64, f64, f64)> = HashMap::new();
-    let mut measure =
-        |target: &Target, s: &Scenario, st: &mut Stats, rows: &mut Vec<Vec<String>>| {
-            let r = row(&target.name, s, st);
-            summary.insert(
-                (target.name.clone(), s.name.clone()),
-                (
-                    pct(&mut st.latency, 0.5),
-                    pct(&mut st.latency, 0.99),
-                    pct(&mut st.ttfb, 0.99),
-                ),
-            );
-            rows.push(r);
-        };
+    let mut record = |target: &Target, s: &Scenario, f: Figures, rows: &mut Vec<Vec<String>>| {
+        rows.push(row(&target.name, s, &f));
+        summary.insert(
+            (target.name.clone(), s.name.clone()),
+            (f.p50, f.p99, f.ttfb99),
+        );
+    };
 
     // 1. Overhead, non-streaming and streaming, 1,000 sessions of 10 messages.
     for stream in [false, true] {
@@ -567,14 +650,25 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
         if !wanted(&s.name) {
             continue;
         }
-        for target in [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)]
+        // The paths take turns, `repeat` rounds, so that a slow spell of
+        // the machine hits them alike; each row is the median round.
+        let targets: Vec<&Target> = [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)]
             .into_iter()
             .flatten()
-        {
+            .collect();
+        for target in &targets {
             seed(target, s.sessions, s.history).await;
-            warm_up(target, &s).await;
-            let mut st = open_loop(target, &s).await;
-            measure(target, &s, &mut st, &mut rows);
+        }
+        let mut runs: Vec<Vec<Figures>> = vec![Vec::new(); targets.len()];
+        for _ in 0..repeat {
+            for (i, target) in targets.iter().enumerate() {
+                warm_up(target, &s).await;
+                let mut st = open_loop(target, &s).await;
+                runs[i].push(figures(&mut st));
+            }
+        }
+        for (target, runs) in targets.iter().zip(&runs) {
+            record(target, &s, median(runs), &mut rows);
         }
         if let Some(l) = &litellm {
             let slow = Scenario {
@@ -584,7 +678,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
             };
             warm_up(l, &slow).await;
             let mut st = open_loop(l, &slow).await;
-            measure(l, &slow, &mut st, &mut rows);
+            record(l, &slow, figures(&mut st), &mut rows);
         }
     }
     // 2. Sessions: 1 (one conversation, turns in sequence), 100,000.
@@ -604,7 +698,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
             seed(target, sessions, 10).await;
             warm_up(target, &s).await;
             let mut st = open_loop(target, &s).await;
-            measure(target, &s, &mut st, &mut rows);
+            record(target, &s, figures(&mut st), &mut rows);
         }
     }
     // 3. History length: 10 sessions with 10, 1,000 and 10,000 stored messages.
@@ -624,7 +718,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>) {
         let fresh = start_recall(mock, "memory", 20_000).await;
         seed(&fresh, 10, history).await;
         let mut st = sequential(&fresh, &s).await;
-        measure(&fresh, &s, &mut st, &mut rows);
+        record(&fresh, &s, figures(&mut st), &mut rows);
     }
     print_table(&rows);
 
