@@ -10,8 +10,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Access, ClientKeys};
 use crate::cache::AnswerCache;
 use crate::config::Config;
+use crate::error::{ApiError, RequestError};
 use crate::message::{Message, Role};
 use crate::metrics::{Cause, Metrics};
 use crate::session::{Policy, Store};
@@ -29,6 +31,8 @@ pub struct App {
     pub cache: Option<AnswerCache>,
     /// The bearer token the session API requires, if one is configured.
     pub admin_token: Option<String>,
+    /// The client keys chat requests require, if configured (`auth`).
+    pub client_keys: Option<ClientKeys>,
     /// Wakes the sweeper early, when a new session goes over `max_sessions`.
     pub sweep_now: Arc<Notify>,
     /// The configured `[[system_messages]]`, ready to send.
@@ -79,7 +83,8 @@ impl App {
             .as_deref()
             .and_then(|var| std::env::var(var).ok())
             .filter(|t| !t.is_empty());
-        if admin_token.is_none() {
+        let client_keys = ClientKeys::load(&config.auth).map_err(|e| BuildError::new("auth", e))?;
+        if admin_token.is_none() && client_keys.is_none() {
             tracing::warn!("the /v1/sessions API is open: set [admin] token_env to protect it");
         }
         let app = Arc::new(Self {
@@ -91,6 +96,7 @@ impl App {
             policy,
             notifier,
             admin_token,
+            client_keys,
             sweep_now: Arc::new(Notify::new()),
             instructions,
         });
@@ -108,6 +114,18 @@ impl App {
 }
 
 impl App {
+    /// Whose sessions a chat request reaches: without client keys, all;
+    /// with them, its key's own, and no key is a 401.
+    pub fn client_access(&self, headers: &axum::http::HeaderMap) -> Result<Access, ApiError> {
+        match &self.client_keys {
+            None => Ok(Access::All),
+            Some(keys) => keys
+                .tenant(headers)
+                .map(Access::Tenant)
+                .ok_or_else(|| RequestError::Unauthorized.into()),
+        }
+    }
+
     /// A new session was created: past `max_sessions`, wake the sweeper
     /// rather than wait for its next round.
     pub fn session_created(&self) {

@@ -42,10 +42,12 @@ impl AnswerCache {
     /// for tools, or the scope is the session and there is none.
     /// `session` is the session's id and incarnation (which changes when
     /// its history is reset, so that a reused id never sees old answers).
+    /// `partition` is the client key's tenant (empty without client keys).
     /// `params` is the request body; every field but the messages and the
     /// streaming options must match too.
     pub fn key(
         &self,
+        partition: &str,
         session: Option<(&str, u64)>,
         model: &str,
         instructions: &[Message],
@@ -75,6 +77,8 @@ impl AnswerCache {
             ctx.update(&(bytes.len() as u64).to_le_bytes());
             ctx.update(bytes);
         };
+        // Client keys never share answers, even with a global scope.
+        field(partition.as_bytes());
         field(scope.as_bytes());
         field(model.as_bytes());
         for (k, v) in params {
@@ -188,23 +192,32 @@ mod tests {
         let body = |v: Value| v.as_object().cloned().unwrap();
         let plain = body(json!({"model": "m", "stream": true, "messages": []}));
         let s1 = Some(("s1", 1));
-        let k = c.key(s1, "m", &sys, Some(&q), &plain).unwrap();
-        assert_eq!(c.key(s1, "m", &sys, Some(&q), &body(json!({}))), Some(k));
-        assert_ne!(c.key(Some(("s1", 2)), "m", &sys, Some(&q), &plain), Some(k));
-        assert_ne!(c.key(Some(("s2", 1)), "m", &sys, Some(&q), &plain), Some(k));
-        assert_ne!(c.key(s1, "m2", &sys, Some(&q), &plain), Some(k));
-        assert_ne!(c.key(s1, "m", &[], Some(&q), &plain), Some(k));
+        let k = c.key("", s1, "m", &sys, Some(&q), &plain).unwrap();
+        assert_eq!(
+            c.key("", s1, "m", &sys, Some(&q), &body(json!({}))),
+            Some(k)
+        );
+        assert_ne!(
+            c.key("", Some(("s1", 2)), "m", &sys, Some(&q), &plain),
+            Some(k)
+        );
+        assert_ne!(
+            c.key("", Some(("s2", 1)), "m", &sys, Some(&q), &plain),
+            Some(k)
+        );
+        assert_ne!(c.key("", s1, "m2", &sys, Some(&q), &plain), Some(k));
+        assert_ne!(c.key("", s1, "m", &[], Some(&q), &plain), Some(k));
         let json_mode = body(json!({"response_format": {"type": "json_object"}}));
-        assert_ne!(c.key(s1, "m", &sys, Some(&q), &json_mode), Some(k));
+        assert_ne!(c.key("", s1, "m", &sys, Some(&q), &json_mode), Some(k));
         let tools = body(json!({"tools": [{"type": "function"}]}));
-        assert!(c.key(s1, "m", &sys, Some(&q), &tools).is_none());
+        assert!(c.key("", s1, "m", &sys, Some(&q), &tools).is_none());
         let other = Message::new(Role::Assistant, "x");
-        assert!(c.key(s1, "m", &sys, Some(&other), &plain).is_none());
-        assert!(c.key(None, "m", &sys, Some(&q), &plain).is_none());
+        assert!(c.key("", s1, "m", &sys, Some(&other), &plain).is_none());
+        assert!(c.key("", None, "m", &sys, Some(&q), &plain).is_none());
         let g = cache(CacheScope::Global);
         assert_eq!(
-            g.key(s1, "m", &sys, Some(&q), &plain),
-            g.key(None, "m", &sys, Some(&q), &plain)
+            g.key("", s1, "m", &sys, Some(&q), &plain),
+            g.key("", None, "m", &sys, Some(&q), &plain)
         );
     }
 

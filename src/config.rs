@@ -43,6 +43,8 @@ pub struct Config {
     #[serde(default)]
     pub admin: AdminConfig,
     #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
     pub log: LogConfig,
     #[serde(default)]
     pub system_messages: Vec<SystemMessage>,
@@ -208,6 +210,17 @@ pub struct AdminConfig {
     /// Environment variable holding the bearer token the `/v1/sessions`
     /// routes require. Unset variable: the routes are open.
     pub token_env: Option<String>,
+}
+
+/// Client keys: when either is set, chat requests need one of them as a
+/// bearer token, and each key sees only its own sessions.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Environment variable holding the keys, comma-separated.
+    pub api_keys_env: Option<String>,
+    /// A file of keys, one per line (`#` starts a comment line).
+    pub api_keys_file: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -8,6 +8,7 @@
 pub mod accumulate;
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod cache;
 pub mod config;
 pub mod error;

@@ -217,8 +217,11 @@ impl Notifier for Webhook {
             for event in self.delivery.pending().values() {
                 // Contents only at trace: logs must not hold conversations.
                 let body = serde_json::to_string(event).unwrap_or_default();
-                tracing::error!(event = event.name(), session = event.session_id(),
-                    "webhook event undelivered at shutdown (its body is logged at trace level)");
+                tracing::error!(
+                    event = event.name(),
+                    session = event.session_id(),
+                    "webhook event undelivered at shutdown (its body is logged at trace level)"
+                );
                 tracing::trace!(event = event.name(), session = event.session_id(), %body,
                     "undelivered webhook event");
             }
@@ -276,8 +279,11 @@ impl Delivery {
                 "webhook delivery failed after all retries; the event is kept in storage and sent again after a restart");
             return;
         }
-        tracing::error!(event = event.name(), session = event.session_id(),
-            "webhook delivery failed after all retries (its body is logged at trace level)");
+        tracing::error!(
+            event = event.name(),
+            session = event.session_id(),
+            "webhook delivery failed after all retries (its body is logged at trace level)"
+        );
         tracing::trace!(event = event.name(), session = event.session_id(), body = %text,
             "undelivered webhook event");
     }

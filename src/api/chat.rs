@@ -30,15 +30,21 @@ pub async fn completions(
     State(app): State<Arc<App>>,
     path: Option<Path<HashMap<String, String>>>,
     served: Option<Extension<ServedBy>>,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let access = app.client_access(&headers)?;
+    if app.client_keys.is_some() {
+        // The client's key is recall's; the upstream gets its own or none.
+        headers.remove(axum::http::header::AUTHORIZATION);
+    }
     let bytes = super::read_body(body, app.config.server.max_body_bytes).await?;
     // The client's upload is its own pace: the proxy's time starts here.
     let arrived = tokio::time::Instant::now();
     let mut body = parse_body(&bytes)?;
     let messages = take_messages(&mut body)?;
-    let session_id = session_id(&app, path.as_ref().map(|p| &p.0), &headers, &body)?;
+    let session_id = session_id(&app, path.as_ref().map(|p| &p.0), &headers, &body)?
+        .map(|id| access.internal(&id).into_owned());
     let user = user_id(&app, &headers)?;
     let model = match body.get("model") {
         Some(Value::String(m)) => m.clone(),
@@ -112,6 +118,7 @@ pub async fn completions(
     let scope = session_id.as_deref().map(|id| (id, incarnation));
     let cache_key = app.cache.as_ref().and_then(|c| {
         c.key(
+            access.partition(),
             scope,
             &model,
             &all_instructions,

@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use subtle::ConstantTimeEq;
 
 use crate::app::App;
+use crate::auth::Access;
 use crate::error::{ApiError, RequestError};
 
 pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
@@ -56,7 +57,7 @@ fn v1(app: &Arc<App>) -> Router<Arc<App>> {
         .route("/sessions/{id}/interrupt", post(sessions::interrupt))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(app),
-            require_admin,
+            session_api_access,
         ));
     Router::new()
         .route("/chat/completions", post(chat::completions))
@@ -65,25 +66,33 @@ fn v1(app: &Arc<App>) -> Router<Arc<App>> {
         .merge(session_api)
 }
 
-/// The session API is an operator's: when `[admin] token_env` names a set
-/// variable, it takes `Authorization: Bearer <token>`, compared in
-/// constant time.
-async fn require_admin(
+/// Who may use the session API, and on which sessions: the admin token
+/// (`[admin] token_env`, compared in constant time) reaches every session;
+/// a client key (`[auth]`) reaches its own; with neither configured the API
+/// is open. The handlers find the answer in the request's `Access`.
+async fn session_api_access(
     State(app): State<Arc<App>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if let Some(token) = &app.admin_token {
-        let given = request
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
-            return Err(RequestError::Unauthorized.into());
-        }
-    }
+    let given = crate::auth::bearer(request.headers()).unwrap_or_default();
+    let admin = app
+        .admin_token
+        .as_ref()
+        .is_some_and(|token| bool::from(given.as_bytes().ct_eq(token.as_bytes())));
+    let access = if admin {
+        Access::All
+    } else if let Some(keys) = &app.client_keys {
+        Access::Tenant(
+            keys.tenant(request.headers())
+                .ok_or(RequestError::Unauthorized)?,
+        )
+    } else if app.admin_token.is_some() {
+        return Err(RequestError::Unauthorized.into());
+    } else {
+        Access::All
+    };
+    request.extensions_mut().insert(access);
     Ok(next.run(request).await)
 }
 

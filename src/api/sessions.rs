@@ -6,13 +6,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::response::IntoResponse;
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::app::App;
+use crate::auth::Access;
 use crate::config::OnNewRequest;
 use crate::error::{ApiError, RequestError};
 use crate::interruption::Spoken;
@@ -23,29 +26,54 @@ use crate::session::{Interrupted, Refused, Session, Summary};
 use crate::storage::{Claim, Ticket, Wait};
 use crate::webhook::{EndReason, Event};
 
-type Params = Path<HashMap<String, String>>;
-
-fn id(params: &HashMap<String, String>) -> &str {
-    params.get("id").map(String::as_str).unwrap_or_default()
+/// The session a request names in its path: `name` as the caller knows it,
+/// `id` as it is kept (within the caller's tenant, see `auth`).
+pub struct Target {
+    pub id: String,
+    pub name: String,
 }
 
-async fn existing(app: &App, params: &HashMap<String, String>) -> Result<Arc<Session>, ApiError> {
-    let id = id(params);
+impl<S: Send + Sync> FromRequestParts<S> for Target {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| RequestError::invalid(e.body_text(), Some("session_id")))?;
+        let name = params.get("id").cloned().unwrap_or_default();
+        let access = parts
+            .extensions
+            .get::<Access>()
+            .cloned()
+            .unwrap_or(Access::All);
+        Ok(Target {
+            id: access.internal(&name).into_owned(),
+            name,
+        })
+    }
+}
+
+async fn existing(app: &App, target: &Target) -> Result<Arc<Session>, ApiError> {
     app.sessions
-        .find(id, &app.policy.storage)
+        .find(&target.id, &app.policy.storage)
         .await?
-        .ok_or_else(|| RequestError::SessionNotFound { id: id.to_owned() }.into())
+        .ok_or_else(|| {
+            RequestError::SessionNotFound {
+                id: target.name.clone(),
+            }
+            .into()
+        })
 }
 
 /// For writes that may start a session (seeding memory before the first
 /// turn); the id is checked like a chat request's.
-async fn existing_or_new(
-    app: &App,
-    params: &HashMap<String, String>,
-) -> Result<Arc<Session>, ApiError> {
-    let id = id(params);
-    crate::session::validate_id(id).map_err(|m| RequestError::invalid(m, Some("session_id")))?;
-    let (session, created) = app.sessions.open(id, &app.policy.storage, now_ms()).await?;
+async fn existing_or_new(app: &App, target: &Target) -> Result<Arc<Session>, ApiError> {
+    crate::session::validate_id(&target.name)
+        .map_err(|m| RequestError::invalid(m, Some("session_id")))?;
+    let (session, created) = app
+        .sessions
+        .open(&target.id, &app.policy.storage, now_ms())
+        .await?;
     if created {
         app.session_created();
     }
@@ -67,7 +95,7 @@ enum Turns {
 /// storage the write holds the session's lease, like a turn.
 async fn write<T>(
     app: &App,
-    params: &HashMap<String, String>,
+    target: &Target,
     create: bool,
     turns: Turns,
     op: impl Fn(&Arc<Session>) -> Result<(T, Ticket), Refused>,
@@ -75,7 +103,7 @@ async fn write<T>(
     let storage = &app.policy.storage;
     loop {
         let claim = if storage.shared() {
-            let local = app.sessions.get(id(params));
+            let local = app.sessions.get(&target.id);
             let wait = match turns {
                 Turns::Interrupt => Wait::Interrupt,
                 Turns::Wait => Wait::Patiently,
@@ -89,19 +117,19 @@ async fn write<T>(
                     Wait::No => OnNewRequest::Reject,
                     _ => OnNewRequest::Interrupt,
                 };
-                local.settle(policy).map_err(|r| refused(&local, r))?;
+                local.settle(policy).map_err(|r| refused(target, r))?;
             }
             let busy = || RequestError::Busy {
-                id: id(params).to_owned(),
+                id: target.name.clone(),
             };
-            Some(storage.claim(id(params), wait).await?.ok_or_else(busy)?)
+            Some(storage.claim(&target.id, wait).await?.ok_or_else(busy)?)
         } else {
             None
         };
         let session = if create {
-            existing_or_new(app, params).await
+            existing_or_new(app, target).await
         } else {
-            existing(app, params).await
+            existing(app, target).await
         };
         let release = |claim: Option<Claim>| claim.map(|c| storage.release(c));
         let session = match session {
@@ -123,20 +151,20 @@ async fn write<T>(
             }
             Err(r) => {
                 release(claim);
-                return Err(refused(&session, r));
+                return Err(refused(target, r));
             }
         }
     }
 }
 
-fn refused(session: &Session, r: Refused) -> ApiError {
+fn refused(target: &Target, r: Refused) -> ApiError {
     match r {
         Refused::Busy => RequestError::Busy {
-            id: session.id.clone(),
+            id: target.name.clone(),
         }
         .into(),
         Refused::Ended => RequestError::SessionNotFound {
-            id: session.id.clone(),
+            id: target.name.clone(),
         }
         .into(),
     }
@@ -197,17 +225,23 @@ pub struct ListQuery {
 /// like OpenAI's lists.
 pub async fn list(
     State(app): State<Arc<App>>,
+    access: Option<Extension<Access>>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    let access = access.map_or(Access::All, |Extension(a)| a);
     let limit = q.limit.unwrap_or(20).clamp(1, 1000);
+    // Ids sort by tenant first: a tenant's sessions follow `<tenant>:`.
+    let after = access.internal(q.after.as_deref().unwrap_or_default());
+    let after = Some(after.as_ref()).filter(|a| !a.is_empty());
     let mut data: Vec<Summary> = if app.policy.storage.persistent() {
         let listed = app
             .policy
             .storage
-            .list(q.after.as_deref(), limit + 1, q.user.as_deref())
+            .list(after, limit + 1, q.user.as_deref())
             .await?;
         listed
             .into_iter()
+            .filter(|l| access.show(&l.id).is_some())
             .map(|l| match app.sessions.get(&l.id) {
                 // The working set knows whether a reply is in flight.
                 Some(live) => live.summary(),
@@ -219,7 +253,8 @@ pub async fn list(
             .sessions
             .all()
             .into_iter()
-            .filter(|s| q.after.as_deref().is_none_or(|after| s.id.as_str() > after))
+            .filter(|s| access.show(&s.id).is_some())
+            .filter(|s| after.is_none_or(|after| s.id.as_str() > after))
             .filter(|s| q.user.as_deref().is_none_or(|u| s.has_user(u)))
             .collect();
         sessions.sort_by(|a, b| a.id.cmp(&b.id));
@@ -229,6 +264,11 @@ pub async fn list(
             .map(|s| s.summary())
             .collect()
     };
+    for s in &mut data {
+        if let Some(shown) = access.show(&s.id) {
+            s.id = shown.to_owned();
+        }
+    }
     let has_more = data.len() > limit;
     data.truncate(limit);
     Ok(Json(json!({
@@ -241,11 +281,8 @@ pub async fn list(
 }
 
 /// `GET /v1/sessions/{id}`: one session's summary.
-pub async fn get(
-    State(app): State<Arc<App>>,
-    Path(params): Params,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(existing(&app, &params).await?.summary())))
+pub async fn get(State(app): State<Arc<App>>, target: Target) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!(existing(&app, &target).await?.summary())))
 }
 
 #[derive(Debug, Deserialize)]
@@ -259,7 +296,7 @@ pub struct HistoryQuery {
 /// only OpenAI's fields, ready to pass to a model.
 pub async fn history(
     State(app): State<Arc<App>>,
-    Path(params): Params,
+    target: Target,
     Query(q): Query<HistoryQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     let openai = match q.format.as_deref() {
@@ -271,7 +308,7 @@ pub async fn history(
             )
         }
     };
-    let session = existing(&app, &params).await?;
+    let session = existing(&app, &target).await?;
     let history = session.snapshot();
     let skip = q
         .limit
@@ -282,13 +319,13 @@ pub async fn history(
     let body = if openai {
         let contents: Vec<Value> = newest.iter().map(|m| m.to_openai()).collect();
         serde_json::to_vec(&HistoryBody {
-            session_id: &session.id,
+            session_id: &target.name,
             turn_id: history.turn_id,
             contents: &contents,
         })
     } else {
         serde_json::to_vec(&HistoryBody {
-            session_id: &session.id,
+            session_id: &target.name,
             turn_id: history.turn_id,
             contents: newest,
         })
@@ -315,18 +352,18 @@ struct HistoryBody<'a, T: serde::Serialize> {
 /// `"messages"`): replaces the history; a session's initial memory.
 pub async fn replace_history(
     State(app): State<Arc<App>>,
-    Path(params): Params,
+    target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(body, app.config.server.max_body_bytes).await?;
     let messages = message_list(body, &["contents", "messages"])?;
     no_instructions(&messages)?;
-    let (session, count) = write(&app, &params, true, Turns::Interrupt, |s| {
+    let (_, count) = write(&app, &target, true, Turns::Interrupt, |s| {
         s.replace_history(&app.policy, messages.clone(), now_ms())
     })
     .await?;
     Ok(Json(
-        json!({"session_id": session.id, "message_count": count}),
+        json!({"session_id": target.name, "message_count": count}),
     ))
 }
 
@@ -334,38 +371,38 @@ pub async fn replace_history(
 /// without calling the model (a greeting, a command, a silence reminder).
 pub async fn append(
     State(app): State<Arc<App>>,
-    Path(params): Params,
+    target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(body, app.config.server.max_body_bytes).await?;
     let messages = message_list(body, &["messages"])?;
     no_instructions(&messages)?;
-    let (session, stored) = write(&app, &params, true, Turns::AsConfigured, |s| {
+    let (_, stored) = write(&app, &target, true, Turns::AsConfigured, |s| {
         s.append_messages(&app.policy, messages.clone(), now_ms())
     })
     .await?;
-    Ok(Json(json!({"session_id": session.id, "messages": stored})))
+    Ok(Json(json!({"session_id": target.name, "messages": stored})))
 }
 
 /// `DELETE /v1/sessions/{id}/history`: clears the history (seed 003's
 /// reset); the session and its system messages stay.
 pub async fn clear_history(
     State(app): State<Arc<App>>,
-    Path(params): Params,
+    target: Target,
 ) -> Result<Json<Value>, ApiError> {
-    let (session, cleared) = write(&app, &params, false, Turns::Interrupt, |s| {
+    let (_, cleared) = write(&app, &target, false, Turns::Interrupt, |s| {
         s.clear_history(&app.policy, now_ms())
     })
     .await?;
-    Ok(Json(json!({"session_id": session.id, "deleted": cleared})))
+    Ok(Json(json!({"session_id": target.name, "deleted": cleared})))
 }
 
 /// `GET /v1/sessions/{id}/system_messages`.
 pub async fn system_messages(
     State(app): State<Arc<App>>,
-    Path(params): Params,
+    target: Target,
 ) -> Result<Json<Value>, ApiError> {
-    let session = existing(&app, &params).await?;
+    let session = existing(&app, &target).await?;
     Ok(Json(json!({"system_messages": session.system_messages()})))
 }
 
@@ -373,7 +410,7 @@ pub async fn system_messages(
 /// instructions sent after the configured ones, from the next call on.
 pub async fn set_system_messages(
     State(app): State<Arc<App>>,
-    Path(params): Params,
+    target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(body, app.config.server.max_body_bytes).await?;
@@ -385,7 +422,7 @@ pub async fn set_system_messages(
         )
         .into());
     }
-    let (session, ()) = write(&app, &params, true, Turns::Wait, |s| {
+    let (session, ()) = write(&app, &target, true, Turns::Wait, |s| {
         let ticket = s.set_system_messages(&app.policy, messages.clone(), now_ms())?;
         Ok(((), ticket))
     })
@@ -397,9 +434,9 @@ pub async fn set_system_messages(
 /// session and hands its memory to the webhook; answers with that record.
 pub async fn end(
     State(app): State<Arc<App>>,
-    Path(params): Params,
+    target: Target,
 ) -> Result<axum::response::Response, ApiError> {
-    let session = existing(&app, &params).await?;
+    let session = existing(&app, &target).await?;
     match lifecycle::end(&app, &session, EndReason::Ended).await? {
         // Written straight from the event, as the webhook receives it.
         Some(event @ Event::SessionEnded { .. }) => {
@@ -411,7 +448,7 @@ pub async fn end(
                 .into_response())
         }
         _ => Err(RequestError::SessionNotFound {
-            id: session.id.clone(),
+            id: target.name.clone(),
         }
         .into()),
     }
@@ -430,7 +467,7 @@ struct InterruptBody {
 /// interrupted; with no reply in flight, the newest stored reply is marked.
 pub async fn interrupt(
     State(app): State<Arc<App>>,
-    Path(params): Params,
+    target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(body, app.config.server.max_body_bytes).await?;
@@ -466,21 +503,21 @@ pub async fn interrupt(
         _ => None,
     };
     let storage = &app.policy.storage;
-    let local = app.sessions.get(id(&params)).filter(|s| s.is_busy());
+    let local = app.sessions.get(&target.id).filter(|s| s.is_busy());
     // With shared storage the reply may stream on another replica: taking
     // the lease asks that replica to cut it off and record it first.
     let claim = match (&local, storage.shared()) {
         (None, true) => Some(
             storage
-                .claim(id(&params), Wait::Interrupt)
+                .claim(&target.id, Wait::Interrupt)
                 .await?
                 .ok_or_else(|| RequestError::Busy {
-                    id: id(&params).to_owned(),
+                    id: target.name.clone(),
                 })?,
         ),
         _ => None,
     };
-    let session = match existing(&app, &params).await {
+    let session = match existing(&app, &target).await {
         Ok(s) => s,
         Err(e) => {
             let _ = claim.map(|c| storage.release(c));
@@ -494,14 +531,14 @@ pub async fn interrupt(
         Interrupted::Stored(m, t) => ("stored", m, t),
         Interrupted::NothingToInterrupt => {
             return Err(RequestError::NothingToInterrupt {
-                id: session.id.clone(),
+                id: target.name.clone(),
             }
             .into())
         }
     };
     ticket.durable().await?;
     Ok(Json(json!({
-        "session_id": session.id,
+        "session_id": target.name,
         "interrupted": was,
         "message": record,
     })))
