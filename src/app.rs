@@ -33,6 +33,8 @@ pub struct App {
     pub admin_token: Option<String>,
     /// The client keys chat requests require, if configured (`auth`).
     pub client_keys: Option<ClientKeys>,
+    /// One permit per upstream call in flight (`max_concurrent_upstream`).
+    pub upstream_slots: Option<Arc<tokio::sync::Semaphore>>,
     /// Wakes the sweeper early, when a new session goes over `max_sessions`.
     pub sweep_now: Arc<Notify>,
     /// The configured `[[system_messages]]`, ready to send.
@@ -87,6 +89,9 @@ impl App {
         if admin_token.is_none() && client_keys.is_none() {
             tracing::warn!("the /v1/sessions API is open: set [admin] token_env to protect it");
         }
+        let limit = config.server.max_concurrent_upstream;
+        let upstream_slots =
+            (limit > 0).then(|| Arc::new(tokio::sync::Semaphore::new(limit)));
         let app = Arc::new(Self {
             cache: AnswerCache::new(&config.cache),
             config,
@@ -97,6 +102,7 @@ impl App {
             notifier,
             admin_token,
             client_keys,
+            upstream_slots,
             sweep_now: Arc::new(Notify::new()),
             instructions,
         });
@@ -122,7 +128,20 @@ impl App {
             Some(keys) => keys
                 .tenant(headers)
                 .map(Access::Tenant)
-                .ok_or_else(|| RequestError::Unauthorized.into()),
+                .ok_or_else(|| RequestError::NoClientKey.into()),
+        }
+    }
+
+    /// A slot for one upstream call, held until its exchange ends (drain
+    /// included); none free is a 503 before anything is stored.
+    pub fn upstream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+        match &self.upstream_slots {
+            None => Ok(None),
+            Some(slots) => Arc::clone(slots).try_acquire_owned().map(Some).map_err(|_| {
+                ApiError::Overloaded {
+                    limit: self.config.server.max_concurrent_upstream,
+                }
+            }),
         }
     }
 

@@ -57,6 +57,9 @@ pub struct Config {
 pub struct ServerConfig {
     pub listen: String,
     pub max_body_bytes: usize,
+    /// Upstream calls in flight at once (0 = no limit); past it, chat
+    /// requests are answered 503 at once, before anything is stored.
+    pub max_concurrent_upstream: usize,
     /// On SIGTERM, how long replies in flight may take to finish before
     /// they are recorded as interrupted.
     pub shutdown_grace_secs: u64,
@@ -67,6 +70,7 @@ impl Default for ServerConfig {
         Self {
             listen: "127.0.0.1:8080".into(),
             max_body_bytes: 4 * 1024 * 1024,
+            max_concurrent_upstream: 1024,
             shutdown_grace_secs: 30,
         }
     }
@@ -352,12 +356,18 @@ pub struct UpstreamConfig {
     pub interruptable: bool,
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_secs: u64,
-    /// Time allowed until the upstream's response headers arrive.
-    #[serde(default = "default_timeout")]
+    /// Time allowed until the upstream's response headers arrive (the
+    /// first byte).
+    #[serde(default = "default_timeout", alias = "first_byte_timeout_secs")]
     pub timeout_secs: u64,
-    /// Longest silence allowed between two reads of the response body.
-    #[serde(default = "default_read_timeout")]
+    /// Longest silence allowed between two reads of the response body
+    /// (between two chunks of a stream).
+    #[serde(default = "default_read_timeout", alias = "idle_timeout_secs")]
     pub read_timeout_secs: u64,
+    /// Another upstream's name: a call that cannot connect, or that gets a
+    /// 5xx before any byte of an answer, is made once more there.
+    #[serde(default)]
+    pub fallback: Option<String>,
     /// Static headers added to every upstream request (e.g. Azure's `api-key`).
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
@@ -565,6 +575,14 @@ impl Config {
                     &key("timeout_secs"),
                     "timeouts must be at least 1 second",
                 ));
+            }
+            if let Some(f) = &u.fallback {
+                if f == &u.name || !self.upstreams.iter().any(|o| &o.name == f) {
+                    return Err(invalid(
+                        &key("fallback"),
+                        &format!("({f:?}) must name another upstream"),
+                    ));
+                }
             }
             for (name, value) in &u.headers {
                 if axum::http::HeaderName::try_from(name.as_str()).is_err()

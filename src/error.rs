@@ -32,9 +32,11 @@ pub enum RequestError {
     #[error("session `{id}` has no assistant reply to interrupt")]
     NothingToInterrupt { id: String },
     #[error(
-        "the session API needs `Authorization: Bearer <token>` (the token in [admin] token_env)"
+        "the session API needs `Authorization: Bearer <token>`: the admin token ([admin] token_env), or a client key ([auth])"
     )]
     Unauthorized,
+    #[error("this recall needs one of its client keys as `Authorization: Bearer <key>` ([auth])")]
+    NoClientKey,
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
 }
@@ -56,6 +58,9 @@ pub enum UpstreamError {
     Unreachable { upstream: String, reason: String },
     #[error("upstream `{upstream}` did not answer within {secs} s")]
     Timeout { upstream: String, secs: u64 },
+    /// A success status with a body that is not a chat completion.
+    #[error("upstream `{upstream}` answered with something that is not a chat completion: {reason}")]
+    Invalid { upstream: String, reason: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +74,8 @@ pub enum ApiError {
     Internal,
     #[error("memory storage is unavailable: {0}")]
     Storage(#[from] crate::storage::StorageError),
+    #[error("recall is at its limit of {limit} upstream calls at once (server.max_concurrent_upstream); retry shortly")]
+    Overloaded { limit: usize },
 }
 
 impl ApiError {
@@ -131,7 +138,7 @@ impl ApiError {
                     None,
                     Some("nothing_to_interrupt"),
                 ),
-                R::Unauthorized => (
+                R::Unauthorized | R::NoClientKey => (
                     StatusCode::UNAUTHORIZED,
                     "invalid_request_error",
                     None,
@@ -162,6 +169,12 @@ impl ApiError {
                 None,
                 Some("storage_unavailable"),
             ),
+            ApiError::Overloaded { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                None,
+                Some("overloaded"),
+            ),
             ApiError::Upstream(e) => match e {
                 UpstreamError::Unreachable { .. } => (
                     StatusCode::BAD_GATEWAY,
@@ -174,6 +187,12 @@ impl ApiError {
                     "upstream_error",
                     None,
                     Some("upstream_timeout"),
+                ),
+                UpstreamError::Invalid { .. } => (
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_error",
+                    None,
+                    Some("upstream_invalid_response"),
                 ),
             },
         }
@@ -193,7 +212,9 @@ impl IntoResponse for ApiError {
         // The OpenAI SDKs obey `x-should-retry`. Gateway errors are worth a
         // retry; a 409 about turn order is not (they retry 409 by default).
         let retry = match self {
-            ApiError::Upstream(_) | ApiError::Storage(_) => Some("true"),
+            ApiError::Upstream(_) | ApiError::Storage(_) | ApiError::Overloaded { .. } => {
+                Some("true")
+            }
             ApiError::Request(RequestError::Interrupted | RequestError::Busy { .. }) => {
                 Some("false")
             }
@@ -203,6 +224,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert("x-should-retry", HeaderValue::from_static(v));
+        }
+        if matches!(self, ApiError::Overloaded { .. }) {
+            response
+                .headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
         }
         response
     }

@@ -44,6 +44,11 @@ pub struct Exchange {
     /// When the client's request arrived: the proxy's own time is counted
     /// from here.
     pub arrived: Instant,
+    /// Where to try once more when the call fails before its first byte,
+    /// with the body made for that upstream.
+    pub fallback: Option<(Arc<Upstream>, Bytes)>,
+    /// The call's slot under `max_concurrent_upstream`, held to the end.
+    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// When the upstream was called and when its answer was in, for the
@@ -109,16 +114,39 @@ impl Drop for GoneGuard {
     }
 }
 
-async fn run(ex: Exchange, respond: oneshot::Sender<Head>) {
+async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
     let mut watch = CutWatch::new(&ex);
-    let called = Instant::now();
+    let mut called = Instant::now();
     let sent = ex.upstream.send(
         Method::POST,
         "/chat/completions",
         &ex.client_headers,
         Some(ex.body.clone()),
     );
-    let resp = match watch.run(sent).await {
+    let mut outcome = watch.run(sent).await;
+    if let Some((fallback, body)) = ex.fallback.take() {
+        let retry = match &outcome {
+            Some(Err(UpstreamError::Unreachable { .. })) => true,
+            Some(Ok(resp)) => resp.status().is_server_error(),
+            _ => false,
+        };
+        if retry {
+            tracing::warn!(upstream = %ex.upstream.name, fallback = %fallback.name,
+                "upstream failed before answering; trying its fallback");
+            ex.metrics.upstream_error(&ex.upstream.name);
+            ex.upstream = fallback;
+            ex.body = body;
+            called = Instant::now();
+            let sent = ex.upstream.send(
+                Method::POST,
+                "/chat/completions",
+                &ex.client_headers,
+                Some(ex.body.clone()),
+            );
+            outcome = watch.run(sent).await;
+        }
+    }
+    let resp = match outcome {
         None => return ex.flight.drained(false),
         Some(Err(e)) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %e, "upstream call failed");
@@ -190,7 +218,22 @@ async fn whole(
                 return;
             }
         }
-        None if status.is_success() => ex.flight.failed("upstream answer had no choice 0 message"),
+        None if status.is_success() => {
+            // Relaying it would hand the SDK a 200 it cannot read.
+            let kind = headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("no content type");
+            let err = UpstreamError::Invalid {
+                upstream: ex.upstream.name.clone(),
+                reason: format!("a {kind} body without choices[0].message"),
+            };
+            tracing::warn!(error = %err, "upstream answer unusable");
+            ex.metrics.upstream_error(&ex.upstream.name);
+            ex.flight.failed(&err.to_string());
+            let _ = respond.send(Err(err.into()));
+            return;
+        }
         None => {
             tracing::info!(upstream = %ex.upstream.name, %status, "upstream answered with an error");
             ex.metrics.upstream_error(&ex.upstream.name);
@@ -238,6 +281,13 @@ async fn stream(
         let mut events = Vec::new();
         while let Some(event) = parser.next_event() {
             events.push(Event::parse(&event.data));
+        }
+        if let Some(bad) = events.iter().position(|e| matches!(e, Event::Malformed)) {
+            // An event the client's SDK could not parse either: the stream
+            // is broken here. The events before it are received, not sent.
+            events.truncate(bad);
+            ex.flight.on_received(&events);
+            break End::Broke("upstream sent an event that is not JSON".into());
         }
         ex.flight.on_received(&events);
         if first_token && events.iter().any(Event::carries_content) {

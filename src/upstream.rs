@@ -19,6 +19,8 @@ const FORWARDED_REQUEST_HEADERS: &[&str] =
 pub struct Upstream {
     pub name: String,
     pub rules: VendorRules,
+    /// Where a call that fails before its first byte is made once more.
+    pub fallback: Option<String>,
     base_url: String,
     api_key: Option<String>,
     patterns: Vec<WildMatch>,
@@ -66,6 +68,7 @@ impl Upstream {
         Ok(Self {
             name: c.name.clone(),
             rules: VendorRules::from_config(c),
+            fallback: c.fallback.clone(),
             base_url: c.base_url.trim_end_matches('/').to_owned(),
             api_key,
             patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
@@ -193,6 +196,12 @@ impl Upstreams {
 
     pub fn first(&self) -> Option<&Arc<Upstream>> {
         self.list.first()
+    }
+
+    /// The upstream a failed call to `u` is made once more on.
+    pub fn fallback_of(&self, u: &Upstream) -> Option<&Arc<Upstream>> {
+        let name = u.fallback.as_deref()?;
+        self.list.iter().find(|o| o.name == name)
     }
 }
 

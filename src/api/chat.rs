@@ -34,6 +34,8 @@ pub async fn completions(
     body: Body,
 ) -> Result<Response, ApiError> {
     let access = app.client_access(&headers)?;
+    // Taken before anything is stored: a request turned away changes nothing.
+    let slot = app.upstream_slot()?;
     if app.client_keys.is_some() {
         // The client's key is recall's; the upstream gets its own or none.
         headers.remove(axum::http::header::AUTHORIZATION);
@@ -158,6 +160,12 @@ pub async fn completions(
         }
     };
     tracing::debug!(window = window.len(), "forwarding chat completion");
+    // The body for the fallback upstream is made now, for its vendor mode;
+    // it is used only if the first call fails before its first byte.
+    let fallback = app.upstreams.fallback_of(&upstream).and_then(|fb| {
+        let body = vendor::rewrite(&fb.rules, &body, &all_instructions, &window, turn, now).ok()?;
+        Some((Arc::clone(fb), bytes::Bytes::from(body)))
+    });
 
     let mut response = relay::start(Exchange {
         upstream,
@@ -167,6 +175,8 @@ pub async fn completions(
         drain: app.config.interruption.clone(),
         metrics: Arc::clone(&app.metrics),
         arrived,
+        fallback,
+        slot,
     })
     .await?;
     if cache_key.is_some() {

@@ -27,6 +27,12 @@ pub enum Reply {
     Sse { chunks: Vec<(Duration, String)> },
     /// Never answers.
     Hang,
+    /// Any body with any content type.
+    Raw {
+        status: u16,
+        content_type: &'static str,
+        body: String,
+    },
     /// Answers with the inner reply after a delay.
     Delayed(Duration, Box<Reply>),
 }
@@ -160,6 +166,15 @@ async fn mock_handler(
             json_response(500, Value::Null, &[])
         }
         Reply::Sse { chunks } => sse_response(chunks, state),
+        Reply::Raw {
+            status,
+            content_type,
+            body,
+        } => Response::builder()
+            .status(StatusCode::from_u16(status).unwrap())
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap(),
     }
 }
 
