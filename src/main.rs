@@ -68,19 +68,31 @@ fn init_logging(config: &Config) {
     }
 }
 
-/// "name (models) -> base_url" for each upstream, for the start-up line.
+/// "name [vendor] models -> base_url" for each upstream, for the start-up
+/// line; a mock upstream also says where it runs and at what pace.
 fn config_summary(app: &recall::App) -> Vec<String> {
     app.config
         .upstreams
         .iter()
-        .map(|u| {
-            format!(
+        .zip(app.upstreams.iter())
+        .map(|(c, u)| {
+            let mut line = format!(
                 "{} [{}] {} -> {}",
-                u.name,
-                u.vendor,
-                u.models.join(","),
-                u.base_url
-            )
+                c.name,
+                c.vendor,
+                c.models.join(","),
+                c.base_url
+            );
+            if let Some(mock) = u.mock() {
+                let pace = mock.pace();
+                line.push_str(&format!(
+                    " (built-in mock, no network: at {}, {} word(s) every {} ms)",
+                    u.base_url(),
+                    pace.words_per_chunk,
+                    pace.chunk_delay.as_millis()
+                ));
+            }
+            line
         })
         .collect()
 }
