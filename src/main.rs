@@ -85,10 +85,13 @@ fn config_summary(app: &recall::App) -> Vec<String> {
             );
             if let Some(mock) = u.mock() {
                 let pace = mock.pace();
+                let words = match pace.words_per_chunk {
+                    1 => "1 word".to_owned(),
+                    n => format!("{n} words"),
+                };
                 line.push_str(&format!(
-                    " (built-in mock, no network: at {}, {} word(s) every {} ms)",
+                    " (built in, no network: served at {}, streaming {words} every {} ms)",
                     u.base_url(),
-                    pace.words_per_chunk,
                     pace.chunk_delay.as_millis()
                 ));
             }

@@ -408,8 +408,8 @@ async fn the_demo_config_starts_and_answers() {
     let _ = child.wait();
     assert!(
         line.contains(
-            "echo [openai] * -> mock://echo (built-in mock, no network: at http://127.0.0.1:"
-        ),
+            "echo [openai] * -> mock://echo (built in, no network: served at http://127.0.0.1:"
+        ) && line.contains("streaming 1 word every 100 ms)"),
         "{line}"
     );
     let body: Value = answer.unwrap().json().await.unwrap();
