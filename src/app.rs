@@ -50,7 +50,7 @@ impl App {
             .await
             .map_err(|e| BuildError::new("storage", e))?;
         let storage: Arc<Storage> = storage;
-        let upstreams = Upstreams::from_config(&config.upstreams)?;
+        let upstreams = Upstreams::start(&config.upstreams).await?;
         let instructions = config
             .system_messages
             .iter()

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::mock::MockKind;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -375,6 +377,14 @@ pub struct UpstreamConfig {
     pub interrupted: InterruptedRendering,
     #[serde(default = "default_marker")]
     pub interrupted_marker: String,
+    /// `mock://` upstreams only: the wait before each streamed content
+    /// chunk. Unset: `mock::DEFAULT_CHUNK_DELAY_MS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mock_chunk_delay_ms: Option<u64>,
+    /// `mock://` upstreams only: words per streamed content chunk. Unset:
+    /// `mock::DEFAULT_WORDS_PER_CHUNK`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mock_words_per_chunk: Option<usize>,
 }
 
 fn default_marker() -> String {
@@ -403,6 +413,11 @@ fn default_read_timeout() -> u64 {
 impl UpstreamConfig {
     pub fn is_custom(&self) -> bool {
         self.vendor == "custom"
+    }
+
+    /// Whether `base_url` names a built-in mock (valid or not).
+    pub fn is_mock(&self) -> bool {
+        MockKind::from_base_url(&self.base_url).is_some()
     }
 }
 
@@ -434,6 +449,14 @@ impl Config {
         for u in &mut shown.upstreams {
             for v in u.headers.values_mut() {
                 *v = "***".into();
+            }
+            // The mock's pace is left unset to tell mock upstreams apart
+            // from others; shown here as it takes effect.
+            if u.is_mock() {
+                u.mock_chunk_delay_ms
+                    .get_or_insert(crate::mock::DEFAULT_CHUNK_DELAY_MS);
+                u.mock_words_per_chunk
+                    .get_or_insert(crate::mock::DEFAULT_WORDS_PER_CHUNK);
             }
         }
         toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot print: {e}"))
@@ -561,11 +584,32 @@ impl Config {
             if u.name.trim().is_empty() {
                 return Err(invalid(&key("name"), "must not be empty"));
             }
-            if !is_http_url(&u.base_url) {
-                return Err(invalid(
-                    &key("base_url"),
-                    &format!("({:?}) must be an http(s) URL", u.base_url),
-                ));
+            match MockKind::from_base_url(&u.base_url) {
+                Some(Err(e)) => return Err(invalid(&key("base_url"), &e.to_string())),
+                Some(Ok(_)) => {
+                    validate_mock_pace(u).map_err(|(k, message)| invalid(&key(k), &message))?
+                }
+                None if !is_http_url(&u.base_url) => {
+                    return Err(invalid(
+                        &key("base_url"),
+                        &format!(
+                            "({:?}) must be an http(s) URL or \"{}\"",
+                            u.base_url,
+                            crate::mock::ECHO_URL
+                        ),
+                    ))
+                }
+                None => {
+                    // The pace keys would be silently ignored here.
+                    for (k, set) in [
+                        ("mock_chunk_delay_ms", u.mock_chunk_delay_ms.is_some()),
+                        ("mock_words_per_chunk", u.mock_words_per_chunk.is_some()),
+                    ] {
+                        if set {
+                            return Err(invalid(&key(k), "applies only to a mock:// base_url"));
+                        }
+                    }
+                }
             }
             if u.models.is_empty() {
                 return Err(invalid(&key("models"), "must list at least one pattern"));
@@ -597,6 +641,26 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The mock's pace keys: the failing key (relative to the upstream) and why.
+fn validate_mock_pace(u: &UpstreamConfig) -> Result<(), (&'static str, String)> {
+    if u.mock_words_per_chunk == Some(0) {
+        return Err(("mock_words_per_chunk", "must be at least 1".into()));
+    }
+    let delay_ms = u
+        .mock_chunk_delay_ms
+        .unwrap_or(crate::mock::DEFAULT_CHUNK_DELAY_MS);
+    if delay_ms >= u.read_timeout_secs.saturating_mul(1000) {
+        return Err((
+            "mock_chunk_delay_ms",
+            format!(
+                "({delay_ms}) must be shorter than read_timeout_secs ({} s), or every stream times out",
+                u.read_timeout_secs
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn is_http_url(text: &str) -> bool {
@@ -676,6 +740,45 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("server.listen"), "{e}");
+    }
+
+    #[test]
+    fn a_mock_upstream_is_checked_like_any_other() {
+        let mock = |extra: &str| {
+            parse(&format!(
+                "[[upstreams]]\nname = \"m\"\nbase_url = \"mock://echo\"\n{extra}"
+            ))
+        };
+        let c = mock("mock_chunk_delay_ms = 0\nmock_words_per_chunk = 3\n").unwrap();
+        assert_eq!(c.upstreams[0].mock_words_per_chunk, Some(3));
+        // `recall check` shows the pace in effect, defaults included.
+        let shown = mock("").unwrap().masked_toml();
+        assert!(shown.contains("mock_chunk_delay_ms = 40"), "{shown}");
+        assert!(shown.contains("mock_words_per_chunk = 1"), "{shown}");
+
+        let e = parse("[[upstreams]]\nname = \"m\"\nbase_url = \"mock://parrot\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("upstreams[0].base_url")
+                && e.contains("mock://parrot")
+                && e.contains("mock://echo")
+                && e.contains("test.toml"),
+            "{e}"
+        );
+        let e = mock("mock_words_per_chunk = 0\n").unwrap_err().to_string();
+        assert!(e.contains("upstreams[0].mock_words_per_chunk"), "{e}");
+        let e = mock("read_timeout_secs = 1\nmock_chunk_delay_ms = 1000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("upstreams[0].mock_chunk_delay_ms"), "{e}");
+        let e = parse(&format!("{UPSTREAM}mock_chunk_delay_ms = 5\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("upstreams[0].mock_chunk_delay_ms") && e.contains("mock://"),
+            "{e}"
+        );
     }
 
     #[test]

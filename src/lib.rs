@@ -17,6 +17,7 @@ pub mod interruption;
 pub mod lifecycle;
 pub mod message;
 pub mod metrics;
+pub mod mock;
 pub mod reconcile;
 pub mod relay;
 pub mod session;

@@ -68,19 +68,34 @@ fn init_logging(config: &Config) {
     }
 }
 
-/// "name (models) -> base_url" for each upstream, for the start-up line.
+/// "name [vendor] models -> base_url" for each upstream, for the start-up
+/// line; a mock upstream also says where it runs and at what pace.
 fn config_summary(app: &recall::App) -> Vec<String> {
     app.config
         .upstreams
         .iter()
-        .map(|u| {
-            format!(
+        .zip(app.upstreams.iter())
+        .map(|(c, u)| {
+            let mut line = format!(
                 "{} [{}] {} -> {}",
-                u.name,
-                u.vendor,
-                u.models.join(","),
-                u.base_url
-            )
+                c.name,
+                c.vendor,
+                c.models.join(","),
+                c.base_url
+            );
+            if let Some(mock) = u.mock() {
+                let pace = mock.pace();
+                let words = match pace.words_per_chunk {
+                    1 => "1 word".to_owned(),
+                    n => format!("{n} words"),
+                };
+                line.push_str(&format!(
+                    " (built in, no network: served at {}, streaming {words} every {} ms)",
+                    u.base_url(),
+                    pace.chunk_delay.as_millis()
+                ));
+            }
+            line
         })
         .collect()
 }

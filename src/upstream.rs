@@ -10,6 +10,7 @@ use wildmatch::WildMatch;
 
 use crate::config::UpstreamConfig;
 use crate::error::UpstreamError;
+use crate::mock::{MockKind, MockServer, Pace};
 use crate::vendor::VendorRules;
 
 /// Request headers a client sets that the upstream must see.
@@ -27,6 +28,9 @@ pub struct Upstream {
     headers: HeaderMap,
     timeout: Duration,
     client: reqwest::Client,
+    /// The built-in server this upstream calls, for a `mock://` base URL;
+    /// it lives as long as the upstream.
+    mock: Option<MockServer>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,9 +50,26 @@ impl BuildError {
 }
 
 impl Upstream {
-    pub fn from_config(c: &UpstreamConfig) -> Result<Self, BuildError> {
+    /// Builds the upstream, and for a `mock://` base URL starts its mock
+    /// server first.
+    pub async fn start(c: &UpstreamConfig) -> Result<Self, BuildError> {
         let fail = |message: String| BuildError::new(&format!("upstream `{}`", c.name), message);
-        let client = reqwest::Client::builder()
+        let mock = match MockKind::from_base_url(&c.base_url) {
+            None => None,
+            Some(Err(e)) => return Err(fail(e.to_string())),
+            Some(Ok(kind)) => Some(
+                MockServer::start(kind, Pace::of(c))
+                    .await
+                    .map_err(|e| fail(format!("cannot start the mock upstream: {e}")))?,
+            ),
+        };
+        let mut client = reqwest::Client::builder();
+        if mock.is_some() {
+            // The mock is on loopback: an HTTP(S)_PROXY set for the real
+            // upstreams must not carry it off the machine.
+            client = client.no_proxy();
+        }
+        let client = client
             .connect_timeout(Duration::from_secs(c.connect_timeout_secs))
             .read_timeout(Duration::from_secs(c.read_timeout_secs))
             .user_agent(concat!("recall/", env!("CARGO_PKG_VERSION")))
@@ -65,17 +86,32 @@ impl Upstream {
             .as_deref()
             .and_then(|var| std::env::var(var).ok())
             .filter(|k| !k.is_empty());
+        let base_url = match &mock {
+            Some(server) => server.base_url(),
+            None => c.base_url.trim_end_matches('/').to_owned(),
+        };
         Ok(Self {
             name: c.name.clone(),
             rules: VendorRules::from_config(c),
             fallback: c.fallback.clone(),
-            base_url: c.base_url.trim_end_matches('/').to_owned(),
+            base_url,
             api_key,
             patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
             headers,
             timeout: Duration::from_secs(c.timeout_secs),
             client,
+            mock,
         })
+    }
+
+    /// The URL requests go to: the configured one, or a mock's own.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The built-in server behind a `mock://` upstream, if this is one.
+    pub fn mock(&self) -> Option<&MockServer> {
+        self.mock.as_ref()
     }
 
     pub fn serves(&self, model: &str) -> bool {
@@ -181,11 +217,13 @@ pub struct Upstreams {
 }
 
 impl Upstreams {
-    pub fn from_config(configs: &[UpstreamConfig]) -> Result<Self, BuildError> {
-        let list = configs
-            .iter()
-            .map(|c| Upstream::from_config(c).map(Arc::new))
-            .collect::<Result<_, _>>()?;
+    /// Builds every upstream, starting the mock servers of `mock://` ones;
+    /// must be called inside a tokio runtime.
+    pub async fn start(configs: &[UpstreamConfig]) -> Result<Self, BuildError> {
+        let mut list = Vec::with_capacity(configs.len());
+        for c in configs {
+            list.push(Arc::new(Upstream::start(c).await?));
+        }
         Ok(Self { list })
     }
 
@@ -203,6 +241,11 @@ impl Upstreams {
         let name = u.fallback.as_deref()?;
         self.list.iter().find(|o| o.name == name)
     }
+
+    /// In config order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.list.iter()
+    }
 }
 
 #[cfg(test)]
@@ -216,17 +259,20 @@ mod tests {
         toml::from_str(&text).unwrap()
     }
 
-    #[test]
-    fn first_matching_pattern_wins() {
-        let ups = Upstreams::from_config(&[
+    #[tokio::test]
+    async fn first_matching_pattern_wins() {
+        let ups = Upstreams::start(&[
             upstream("local", &["llama-*", "qwen?"]),
             upstream("openai", &["*"]),
         ])
+        .await
         .unwrap();
         assert_eq!(ups.route("llama-3").unwrap().name, "local");
         assert_eq!(ups.route("qwen2").unwrap().name, "local");
         assert_eq!(ups.route("qwen25").unwrap().name, "openai");
-        let only = Upstreams::from_config(&[upstream("local", &["llama-*"])]).unwrap();
+        let only = Upstreams::start(&[upstream("local", &["llama-*"])])
+            .await
+            .unwrap();
         assert!(only.route("gpt-4o").is_none());
     }
 
