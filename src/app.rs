@@ -90,8 +90,7 @@ impl App {
             tracing::warn!("the /v1/sessions API is open: set [admin] token_env to protect it");
         }
         let limit = config.server.max_concurrent_upstream;
-        let upstream_slots =
-            (limit > 0).then(|| Arc::new(tokio::sync::Semaphore::new(limit)));
+        let upstream_slots = (limit > 0).then(|| Arc::new(tokio::sync::Semaphore::new(limit)));
         let app = Arc::new(Self {
             cache: AnswerCache::new(&config.cache),
             config,
@@ -137,11 +136,12 @@ impl App {
     pub fn upstream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
         match &self.upstream_slots {
             None => Ok(None),
-            Some(slots) => Arc::clone(slots).try_acquire_owned().map(Some).map_err(|_| {
-                ApiError::Overloaded {
+            Some(slots) => Arc::clone(slots)
+                .try_acquire_owned()
+                .map(Some)
+                .map_err(|_| ApiError::Overloaded {
                     limit: self.config.server.max_concurrent_upstream,
-                }
-            }),
+                }),
         }
     }
 

@@ -59,7 +59,9 @@ pub enum UpstreamError {
     #[error("upstream `{upstream}` did not answer within {secs} s")]
     Timeout { upstream: String, secs: u64 },
     /// A success status with a body that is not a chat completion.
-    #[error("upstream `{upstream}` answered with something that is not a chat completion: {reason}")]
+    #[error(
+        "upstream `{upstream}` answered with something that is not a chat completion: {reason}"
+    )]
     Invalid { upstream: String, reason: String },
 }
 

@@ -97,7 +97,10 @@ async fn the_upstream_gets_its_own_key() {
     h.upstream.push(completion("hello"));
     let (status, _) = chat_as(&h, Some(KEY_A), "s", "hi").await;
     assert_eq!(status, 200);
-    assert_eq!(h.upstream.last().headers["authorization"], "Bearer sk-upstream");
+    assert_eq!(
+        h.upstream.last().headers["authorization"],
+        "Bearer sk-upstream"
+    );
 }
 
 #[tokio::test]
@@ -121,7 +124,10 @@ async fn one_session_id_under_two_keys_is_two_sessions_through_every_endpoint() 
 
     // A session only A has: B can neither see nor touch it.
     h.upstream.push(completion("private"));
-    assert_eq!(chat_as(&h, Some(KEY_A), "a-only", "secret plan").await.0, 200);
+    assert_eq!(
+        chat_as(&h, Some(KEY_A), "a-only", "secret plan").await.0,
+        200
+    );
     for (method, path, body) in [
         (Method::GET, "/a-only", None),
         (Method::GET, "/a-only/history", None),
@@ -185,7 +191,9 @@ async fn one_session_id_under_two_keys_is_two_sessions_through_every_endpoint() 
     let (_, all) = api_as(&h, ADMIN, Method::GET, "", None).await;
     let all = ids(&all);
     assert_eq!(all.len(), 4, "{all:?}");
-    assert!(all.iter().all(|id| id.len() > 17 && id.as_bytes()[16] == b':'));
+    assert!(all
+        .iter()
+        .all(|id| id.len() > 17 && id.as_bytes()[16] == b':'));
 
     // A ending its session leaves B's of the same name alone.
     let (status, _) = api_as(&h, KEY_A, Method::POST, "/shared/end", None).await;
@@ -214,6 +222,12 @@ async fn configured_but_missing_keys_stop_the_start() {
     let toml = "[auth]\napi_keys_env = \"RECALL_TEST_KEYS_NEVER_SET\"\n\
                 [[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:9/v1\"\n";
     let config = recall::Config::parse(toml, std::path::Path::new("t.toml")).unwrap();
-    let err = recall::App::new(config).await.err().expect("must not start");
-    assert!(err.to_string().contains("RECALL_TEST_KEYS_NEVER_SET"), "{err}");
+    let err = recall::App::new(config)
+        .await
+        .err()
+        .expect("must not start");
+    assert!(
+        err.to_string().contains("RECALL_TEST_KEYS_NEVER_SET"),
+        "{err}"
+    );
 }
