@@ -314,8 +314,8 @@ fn a_fallback_must_name_another_upstream() {
         let toml = format!(
             "[[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:9/v1\"\nfallback = \"{fallback}\"\n"
         );
-        let err = recall::Config::parse(&toml, std::path::Path::new("f.toml"))
-            .expect_err("rejected");
+        let err =
+            recall::Config::parse(&toml, std::path::Path::new("f.toml")).expect_err("rejected");
         assert!(err.to_string().contains("upstreams[0].fallback"), "{err}");
     }
 }

@@ -1,0 +1,222 @@
+//! A bounded stress run: many sessions, several clients per session, random
+//! cancellations, barge-ins and upstream faults; then invariants over every
+//! session's history.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+const SESSIONS: usize = 200;
+const CLIENTS_PER_SESSION: usize = 2;
+const TURNS_PER_CLIENT: usize = 10;
+
+/// A small deterministic generator: the run is random but repeatable.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn random_reply(rng: &mut Lcg) -> Reply {
+    let ms = Duration::from_millis;
+    match rng.below(10) {
+        0 => error_reply(500, "upstream trouble"),
+        1 => Reply::Sse {
+            chunks: vec![
+                (
+                    ms(1),
+                    delta_event(json!({"role": "assistant", "content": "cut "})),
+                ),
+                (ms(2), delta_event(json!({"content": "off"}))),
+                (ms(1), BREAK.to_owned()),
+            ],
+        },
+        2..=5 => sse_text(&["a ", "streamed ", "answer"], ms(rng.below(4))),
+        _ => completion("a whole answer"),
+    }
+}
+
+/// What one request's client saw.
+enum Seen {
+    /// The response began (200): the user's message was acknowledged.
+    Acknowledged,
+    /// Refused before anything was stored, or the client gave up early.
+    Other,
+}
+
+async fn one_turn(h: &Harness, session: &str, text: &str, stream: bool, cancel: bool) -> Seen {
+    let resp = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", session)
+        .json(&json!({"model": "m", "stream": stream, "messages": [user(text)]}))
+        .send()
+        .await;
+    let Ok(resp) = resp else {
+        return Seen::Other;
+    };
+    if resp.status() != 200 {
+        return Seen::Other;
+    }
+    let mut body = resp.bytes_stream();
+    if cancel {
+        // Read a little, then hang up.
+        let _ = body.next().await;
+        return Seen::Acknowledged;
+    }
+    while let Some(Ok(_)) = body.next().await {}
+    Seen::Acknowledged
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_sessions_many_clients_random_faults_keep_every_invariant() {
+    let h = Arc::new(
+        Harness::start(
+            "[history]\nmax_messages = 0\nfailure_message = \"Sorry?\"\n\
+             [interruption]\ndrain_timeout_secs = 2\n",
+            "timeout_secs = 5\nread_timeout_secs = 5",
+        )
+        .await,
+    );
+    let mut rng = Lcg(0x5eed);
+    for _ in 0..SESSIONS * CLIENTS_PER_SESSION * TURNS_PER_CLIENT {
+        h.upstream.push(random_reply(&mut rng));
+    }
+    let acknowledged = Arc::new(std::sync::Mutex::new(HashMap::<String, Vec<String>>::new()));
+    let mut tasks = Vec::new();
+    for s in 0..SESSIONS {
+        for c in 0..CLIENTS_PER_SESSION {
+            let (h, acknowledged) = (Arc::clone(&h), Arc::clone(&acknowledged));
+            let mut rng = Lcg((s * 31 + c) as u64 + 1);
+            tasks.push(tokio::spawn(async move {
+                let session = format!("soak-{s}");
+                for t in 0..TURNS_PER_CLIENT {
+                    let text = format!("s{s} c{c} t{t}");
+                    let stream = rng.below(3) > 0;
+                    let cancel = stream && rng.below(8) == 0;
+                    if let Seen::Acknowledged = one_turn(&h, &session, &text, stream, cancel).await
+                    {
+                        acknowledged
+                            .lock()
+                            .unwrap()
+                            .entry(session.clone())
+                            .or_default()
+                            .push(text);
+                    }
+                    if rng.below(4) == 0 {
+                        tokio::time::sleep(Duration::from_millis(rng.below(5))).await;
+                    }
+                }
+            }));
+        }
+    }
+    let run = async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(240), run)
+        .await
+        .expect("the soak run took too long");
+
+    // Drains end within their timeout; after that the records are final.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    let mut total = 0;
+    let mut cut = 0;
+    for s in 0..SESSIONS {
+        let session = format!("soak-{s}");
+        let (status, hist) = h.history(&session).await;
+        assert_eq!(status, 200, "{session}");
+        let contents = hist["contents"].as_array().unwrap();
+        cut += check_invariants(&session, contents, acknowledged.get(&session));
+        total += acknowledged.get(&session).map_or(0, Vec::len);
+    }
+    // The run meant something: most turns were acknowledged.
+    let all = SESSIONS * CLIENTS_PER_SESSION * TURNS_PER_CLIENT;
+    assert!(total * 2 > all, "only {total} of {all} turns acknowledged");
+    // And the faults and barge-ins it was meant to have happened.
+    assert!(
+        cut > SESSIONS / 2,
+        "only {cut} replies were cut off or failed"
+    );
+    eprintln!("soak: {total} of {all} turns acknowledged, {cut} replies cut off or failed");
+}
+
+/// Checks one session's history; returns how many replies in it were
+/// interrupted or failed.
+fn check_invariants(
+    session: &str,
+    contents: &[Value],
+    acknowledged: Option<&Vec<String>>,
+) -> usize {
+    let mut cut = 0;
+    let mut user_counts: HashMap<&str, usize> = HashMap::new();
+    let mut last_turn = 0;
+    let mut last_user_turn = 0;
+    for (i, m) in contents.iter().enumerate() {
+        let role = m["role"].as_str().unwrap_or_default();
+        let turn = m["turn_id"].as_u64().unwrap_or(0);
+        assert!(
+            turn >= last_turn,
+            "{session}: turn order broken at {i}: {m}"
+        );
+        last_turn = turn;
+        if role == "user" {
+            assert!(
+                turn > last_user_turn,
+                "{session}: two user messages share turn {turn}"
+            );
+            last_user_turn = turn;
+            *user_counts
+                .entry(m["content"].as_str().unwrap_or_default())
+                .or_default() += 1;
+        }
+        if role == "tool" {
+            let id = m["tool_call_id"].as_str().unwrap_or_default();
+            let answered = contents[..i].iter().rev().any(|p| {
+                p["tool_calls"]
+                    .as_array()
+                    .is_some_and(|calls| calls.iter().any(|c| c["id"] == id))
+            });
+            assert!(answered, "{session}: orphaned tool message {m}");
+        }
+        if m["metadata"]["interrupted"] == true || m["metadata"]["source"] == "llm_failure" {
+            cut += 1;
+        }
+        if m["metadata"]["interrupted"] == true {
+            let content = m["content"].as_str().unwrap_or_default();
+            let original = m["metadata"]["original"].as_str().unwrap_or_default();
+            assert!(
+                original.chars().count() >= content.chars().count(),
+                "{session}: interrupted entry's original is shorter than its content: {m}"
+            );
+        }
+    }
+    for (text, n) in &user_counts {
+        assert_eq!(*n, 1, "{session}: user message {text:?} stored {n} times");
+    }
+    for text in acknowledged.into_iter().flatten() {
+        assert!(
+            user_counts.contains_key(text.as_str()),
+            "{session}: acknowledged message {text:?} is missing"
+        );
+    }
+    cut
+}
