@@ -62,6 +62,8 @@ pub struct ServerConfig {
     /// Upstream calls in flight at once (0 = no limit); past it, chat
     /// requests are answered 503 at once, before anything is stored.
     pub max_concurrent_upstream: usize,
+    /// Largest total size of a request's header names and values.
+    pub max_header_bytes: usize,
     /// On SIGTERM, how long replies in flight may take to finish before
     /// they are recorded as interrupted.
     pub shutdown_grace_secs: u64,
@@ -73,6 +75,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8080".into(),
             max_body_bytes: 4 * 1024 * 1024,
             max_concurrent_upstream: 1024,
+            max_header_bytes: 32 * 1024,
             shutdown_grace_secs: 30,
         }
     }

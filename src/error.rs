@@ -15,6 +15,8 @@ pub enum RequestError {
     },
     #[error("request body is larger than the {limit} bytes allowed (server.max_body_bytes)")]
     TooLarge { limit: usize },
+    #[error("request headers are larger than the {limit} bytes allowed (server.max_header_bytes)")]
+    HeadersTooLarge { limit: usize },
     #[error("a session id is required: send the `{header}` header, use the /sessions/{{session_id}}/v1/ path, or set `session_id` in the body")]
     SessionRequired { header: String },
     #[error("The model `{model}` does not exist or no upstream serves it")]
@@ -103,6 +105,12 @@ impl ApiError {
                     "invalid_request_error",
                     None,
                     Some("request_too_large"),
+                ),
+                R::HeadersTooLarge { .. } => (
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "invalid_request_error",
+                    None,
+                    Some("headers_too_large"),
                 ),
                 R::SessionRequired { .. } => (
                     StatusCode::BAD_REQUEST,

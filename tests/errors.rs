@@ -298,3 +298,23 @@ async fn readyz_answers_when_storage_does() {
         .unwrap();
     assert_eq!(resp.status(), 200);
 }
+
+#[tokio::test]
+async fn oversized_headers_are_431_and_change_nothing() {
+    let h = Harness::default().await;
+    let resp = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", "big-headers")
+        .header("x-padding", "p".repeat(40 * 1024))
+        .json(&json!({"model": "m", "messages": [user("hi")]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 431);
+    let body: Value = resp.json().await.unwrap();
+    assert_openai_error(&body, "invalid_request_error");
+    assert_eq!(body["error"]["code"], "headers_too_large");
+    assert!(h.upstream.received().is_empty());
+    assert_eq!(h.history("big-headers").await.0, 404);
+}
