@@ -43,6 +43,8 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(run(mock, quick, only, repeat));
+    // The sqlite files of a full run take gigabytes.
+    let _ = std::fs::remove_dir_all(work_dir());
 }
 
 /// The load generator and the mock share CPU 0; each path under test gets
