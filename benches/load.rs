@@ -5,7 +5,10 @@
 //! with the memory and the sqlite backend, and through LiteLLM's proxy (if
 //! `litellm` is installed). Load is open-loop at a fixed rate; latency is
 //! measured from each request's intended send time, so queueing shows.
-//! Options: `--quick` (shorter runs), `--only NAME` (scenario filter).
+//! Options: `--quick` (shorter runs, one round), `--only NAME` (scenario filter),
+//! `--repeat N` (rounds of the headline scenarios, median reported; 3 by
+//! default), `--pin` (generator and mock on CPU 0, the path under test on
+//! CPU 1).
 
 use std::collections::HashMap;
 use std::io::Write as _;
