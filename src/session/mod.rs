@@ -349,7 +349,7 @@ impl Session {
         let found = reconcile::reconcile(&st.messages, incoming, st.first_seq > 0);
         for (i, heard) in found.shortened {
             if let Some(m) = st.messages.get_mut(i) {
-                interruption::mark_stored(Arc::make_mut(m), Some(&Spoken::Text(heard)), now_ms);
+                interruption::mark_stored(Message::edit(m), Some(&Spoken::Text(heard)), now_ms);
                 ops.push(self.set_op(st, i));
             }
         }
@@ -458,7 +458,7 @@ impl Session {
         else {
             return Ticket::ready();
         };
-        change(Arc::make_mut(&mut st.messages[index]));
+        change(Message::edit(&mut st.messages[index]));
         let op = self.set_op(&st, index);
         self.persist(&st, policy, vec![op])
     }
@@ -491,7 +491,7 @@ impl Session {
         else {
             return Interrupted::NothingToInterrupt;
         };
-        let m = Arc::make_mut(m);
+        let m = Message::edit(m);
         interruption::mark_stored(m, spoken, now_ms);
         let record = m.clone();
         let op = self.set_op(&st, st.messages.len() - 1);
