@@ -52,11 +52,12 @@ fn bench_window(c: &mut Criterion) {
         let h = history(n);
         let count = Limits {
             messages: 20,
-            chars: 0,
+            ..Limits::default()
         };
         let both = Limits {
             messages: 20,
             chars: 4000,
+            ..Limits::default()
         };
         g.bench_with_input(BenchmarkId::new("count_20", n), &n, |b, _| {
             b.iter(|| window_start(&h, count))
