@@ -1,10 +1,11 @@
 //! Micro-benchmarks of the pure pieces on the request path:
 //! `cargo bench --bench pure`.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use recall::accumulate::ReplyAccumulator;
 use recall::message::{Message, Role};
 use recall::reconcile::reconcile;
+use recall::tokens::Encoding;
 use recall::vendor::{rewrite, TurnInfo, VendorRules};
 use recall::window::{window_start, Limits};
 use serde_json::{json, Map, Value};
@@ -52,11 +53,12 @@ fn bench_window(c: &mut Criterion) {
         let h = history(n);
         let count = Limits {
             messages: 20,
-            chars: 0,
+            ..Limits::default()
         };
         let both = Limits {
             messages: 20,
             chars: 4000,
+            ..Limits::default()
         };
         g.bench_with_input(BenchmarkId::new("count_20", n), &n, |b, _| {
             b.iter(|| window_start(&h, count))
@@ -64,6 +66,46 @@ fn bench_window(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("count_20_chars_4000", n), &n, |b, _| {
             b.iter(|| window_start(&h, both))
         });
+    }
+    g.finish();
+}
+
+/// `[history] window_tokens`: a window bound by tokens (about 20 of these
+/// messages) over a long history. `cached` is every turn after the first:
+/// the counts are in the messages. `first_count` tokenises the window's
+/// messages, as for messages new to a window (a clone of the history has
+/// no counts; only the messages the walk visits are counted).
+fn bench_window_tokens(c: &mut Criterion) {
+    let mut g = c.benchmark_group("window_tokens");
+    let limits = |encoding| Limits {
+        messages: 0,
+        tokens: 1000,
+        encoding,
+        ..Limits::default()
+    };
+    for encoding in [Encoding::O200k, Encoding::Cl100k, Encoding::Approx] {
+        encoding.load();
+        let name = format!("{encoding:?}").to_lowercase();
+        for n in [1000usize, 10_000] {
+            let h = history(n);
+            let start = window_start(&h, limits(encoding));
+            assert!((15..=25).contains(&(n - start)), "{}", n - start);
+            g.bench_with_input(BenchmarkId::new(format!("cached_{name}"), n), &n, |b, _| {
+                b.iter(|| window_start(&h, limits(encoding)))
+            });
+        }
+        let h = history(10_000);
+        g.bench_function(
+            BenchmarkId::new(format!("first_count_{name}"), 10_000),
+            |b| {
+                // By reference: dropping the copy is no part of the cost.
+                b.iter_batched_ref(
+                    || h.clone(),
+                    |h| window_start(h, limits(encoding)),
+                    BatchSize::LargeInput,
+                )
+            },
+        );
     }
     g.finish();
 }
@@ -129,6 +171,7 @@ criterion_group!(
     benches,
     bench_reconcile,
     bench_window,
+    bench_window_tokens,
     bench_rewrite,
     bench_accumulate
 );

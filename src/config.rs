@@ -183,6 +183,10 @@ impl Default for WebhookConfig {
     }
 }
 
+/// No model reads this many tokens: a larger `window_tokens` is a typo,
+/// not a wish.
+pub const MAX_WINDOW_TOKENS: usize = 100_000_000;
+
 pub const WEBHOOK_EVENTS: &[&str] = &["session_ended", "history_trimmed"];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -239,6 +243,9 @@ pub struct HistoryConfig {
     pub window_messages: usize,
     /// Upper bound on the characters of the history sent upstream (0 = none).
     pub window_chars: usize,
+    /// Upper bound on the tokens of the history sent upstream, counted with
+    /// the model's tokenizer (estimated for non-OpenAI models) (0 = none).
+    pub window_tokens: usize,
     /// How many messages a session keeps (0 = all).
     pub max_messages: usize,
     /// When set, a failed upstream call is recorded as an assistant message
@@ -251,6 +258,7 @@ impl Default for HistoryConfig {
         Self {
             window_messages: 20,
             window_chars: 0,
+            window_tokens: 0,
             max_messages: 1000,
             failure_message: None,
         }
@@ -561,6 +569,15 @@ impl Config {
                 ),
             ));
         }
+        if h.window_tokens > MAX_WINDOW_TOKENS {
+            return Err(invalid(
+                "history.window_tokens",
+                &format!(
+                    "({}) is larger than any model's context (at most {MAX_WINDOW_TOKENS}); 0 means no limit",
+                    h.window_tokens
+                ),
+            ));
+        }
         let int = &self.interruption;
         if int.capture_original && (int.drain_timeout_secs == 0 || int.drain_max_bytes == 0) {
             return Err(invalid(
@@ -686,6 +703,7 @@ mod tests {
         let c = parse(UPSTREAM).unwrap();
         assert_eq!(c.history.window_messages, 20);
         assert_eq!(c.history.max_messages, 1000);
+        assert_eq!(c.history.window_tokens, 0);
         assert_eq!(c.session.header, "x-session-id");
         assert_eq!(c.upstreams[0].vendor, "openai");
         assert_eq!(c.upstreams[0].models, vec!["*"]);
@@ -782,6 +800,23 @@ mod tests {
             e.contains("upstreams[0].mock_chunk_delay_ms") && e.contains("mock://"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn window_tokens_is_checked_and_shown_by_check() {
+        let c = parse(&format!("[history]\nwindow_tokens = 8000\n{UPSTREAM}")).unwrap();
+        assert_eq!(c.history.window_tokens, 8000);
+        assert!(c.masked_toml().contains("window_tokens = 8000"));
+        let e = parse(&format!(
+            "[history]\nwindow_tokens = 1000000000\n{UPSTREAM}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("history.window_tokens"), "{e}");
+        let e = parse(&format!("[history]\nwindow_tokens = -1\n{UPSTREAM}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("window_tokens"), "{e}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod reconcile;
 pub mod relay;
 pub mod session;
 pub mod storage;
+pub mod tokens;
 pub mod turns;
 pub mod upstream;
 pub mod vendor;

@@ -11,9 +11,12 @@
 //! 120 bytes beside its text.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Value};
+
+use crate::tokens::{self, Encoding};
 
 /// A chat message's role. `system` and `developer` are instructions: they
 /// are sent upstream but never stored in a session's history.
@@ -98,6 +101,9 @@ pub struct Message {
     pub timestamp: Option<i64>,
     pub metadata: Option<Metadata>,
     rare: Option<Box<Rare>>,
+    /// Sits in what would be padding after `role`: the layout test below
+    /// holds the size.
+    tokens: tokens::Cache,
 }
 
 /// The fields few messages carry.
@@ -157,6 +163,7 @@ impl<'de> Deserialize<'de> for Message {
             timestamp: w.timestamp,
             metadata: w.metadata,
             rare: (!rare.is_empty()).then(|| Box::new(rare)),
+            tokens: tokens::Cache::default(),
         })
     }
 }
@@ -195,7 +202,27 @@ impl Message {
             timestamp: None,
             metadata: None,
             rare: None,
+            tokens: tokens::Cache::default(),
         }
+    }
+
+    /// A stored message, to be changed: like `Arc::make_mut`, and it
+    /// forgets the cached token count, which the change may make wrong.
+    /// Every change to a stored message goes through here.
+    pub fn edit(this: &mut Arc<Message>) -> &mut Message {
+        let m = Arc::make_mut(this);
+        m.tokens.clear();
+        m
+    }
+
+    /// Tokens this message costs in a window (see `tokens`), counted once
+    /// per encoding it is asked for in a row.
+    pub fn tokens(&self, enc: Encoding) -> usize {
+        self.tokens.get(enc).unwrap_or_else(|| {
+            let n = tokens::count_message(self, enc);
+            self.tokens.set(enc, n);
+            n
+        })
     }
 
     /// Writes the fields OpenAI's API accepts, in its order.
@@ -222,7 +249,10 @@ impl Message {
         Ok(())
     }
 
+    /// The fields behind this are counted as tokens: a change to one
+    /// forgets the count.
     fn rare_mut(&mut self) -> &mut Rare {
+        self.tokens.clear();
         self.rare.get_or_insert_with(Box::default)
     }
 
@@ -579,11 +609,82 @@ mod layout {
     /// 128-byte allocation per message beside its text).
     #[test]
     fn a_message_fits_in_112_bytes() {
+        // The token cache sits in the padding after `role`.
         assert!(
             std::mem::size_of::<Message>() <= 112,
             "{}",
             std::mem::size_of::<Message>()
         );
         assert!(std::mem::size_of::<Option<Metadata>>() <= 32);
+    }
+}
+
+#[cfg(test)]
+mod token_cache {
+    use super::*;
+    use crate::tokens::Encoding::{Cl100k, O200k};
+    use serde_json::json;
+
+    #[test]
+    fn a_count_is_cached_and_forgotten_when_the_message_changes() {
+        let mut m = Arc::new(Message::new(Role::User, "hello world"));
+        assert_eq!(m.tokens(O200k), 6);
+        assert_eq!(m.tokens.get(O200k), Some(6));
+        // Shared (a window holds it): the copy that is changed starts over.
+        let window = Arc::clone(&m);
+        Message::edit(&mut m).content = "hello world hello world".into();
+        assert_eq!(m.tokens.get(O200k), None);
+        assert_eq!(m.tokens(O200k), 8);
+        assert_eq!(window.tokens(O200k), 6);
+        // Not shared: changed in place, forgotten all the same.
+        drop(window);
+        Message::edit(&mut m).content = "hi".into();
+        assert_eq!(m.tokens(O200k), 5);
+        // Another encoding replaces the count.
+        assert_eq!(m.tokens(Cl100k), 5);
+        assert_eq!(m.tokens.get(O200k), None);
+    }
+
+    #[test]
+    fn setters_of_counted_fields_forget_the_count() {
+        let mut m = Message::new(Role::Tool, "ok");
+        let before = m.tokens(O200k);
+        m.set_tool_call_id(Some("call_123".into()));
+        assert!(m.tokens(O200k) > before);
+        let before = m.tokens(O200k);
+        m.set_name(Some("weather".into()));
+        assert!(m.tokens(O200k) > before);
+        let before = m.tokens(O200k);
+        m.set_tool_calls(Some(vec![json!({"id": "c"})]));
+        assert!(m.tokens(O200k) > before);
+    }
+
+    /// Stored messages are shared; `Message::edit` is the one way to change
+    /// one that keeps its token count right. This finds any other.
+    #[test]
+    fn stored_messages_are_changed_only_through_edit() {
+        fn visit(dir: &std::path::Path, found: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    visit(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs")
+                    && !path.ends_with("src/message.rs")
+                {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    for bad in ["Arc::make_mut", "Arc::get_mut"] {
+                        if text.contains(bad) {
+                            found.push(format!("{}: {bad}", path.display()));
+                        }
+                    }
+                }
+            }
+        }
+        let mut found = Vec::new();
+        visit(
+            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")),
+            &mut found,
+        );
+        assert!(found.is_empty(), "use Message::edit: {found:?}");
     }
 }

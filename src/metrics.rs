@@ -298,10 +298,14 @@ impl Metrics {
 
     /// Messages left out of upstream windows, for any reason.
     pub fn trimmed_sent(&self) -> u64 {
-        [TrimReason::MaxMessages, TrimReason::MaxChars]
-            .into_iter()
-            .map(|r| self.trimmed(TrimScope::Window, r))
-            .sum()
+        [
+            TrimReason::MaxMessages,
+            TrimReason::MaxChars,
+            TrimReason::MaxTokens,
+        ]
+        .into_iter()
+        .map(|r| self.trimmed(TrimScope::Window, r))
+        .sum()
     }
 
     /// Messages dropped from sessions over `max_messages`.
@@ -373,6 +377,7 @@ fn trim_labels(scope: TrimScope, reason: TrimReason) -> TrimLabels {
         reason: match reason {
             TrimReason::MaxMessages => "max_messages",
             TrimReason::MaxChars => "max_chars",
+            TrimReason::MaxTokens => "max_tokens",
         },
     }
 }

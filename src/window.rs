@@ -8,6 +8,7 @@
 use std::borrow::Borrow;
 
 use crate::message::Message;
+use crate::tokens::Encoding;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Limits {
@@ -15,48 +16,78 @@ pub struct Limits {
     pub messages: usize,
     /// At most this many characters, by `Message::char_cost` (0 = no limit).
     pub chars: usize,
+    /// At most this many tokens, by `Message::tokens` (0 = no limit).
+    pub tokens: usize,
+    /// How the model the window is for counts tokens.
+    pub encoding: Encoding,
+}
+
+/// Where a window starts, and why it leaves out what comes before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// `history[start..]` is sent; `start` messages are left out.
+    pub start: usize,
+    /// The limit that one more message would have exceeded; `None` when no
+    /// limit was reached (nothing is left out, or only tool results whose
+    /// call is gone).
+    pub reason: Option<TrimReason>,
 }
 
 /// Index of the first message to send upstream: `history[start..]` is the
 /// window and `start` is how many messages were trimmed.
 pub fn window_start<H: Borrow<Message>>(history: &[H], limits: Limits) -> usize {
+    window(history, limits).start
+}
+
+/// The newest messages within every limit, starting at a group boundary,
+/// and never less than the newest user message and what follows it.
+pub fn window<H: Borrow<Message>>(history: &[H], limits: Limits) -> Window {
     let floor = protected_start(history);
     let mut start = floor;
-    // Counting characters costs: only when there is a limit on them.
+    // Counting costs: characters and tokens only when they are limited.
+    // Tokens are cached in each message, so a walk over the same history
+    // counts only the messages added since the last one.
     let cost = |m: &H| {
-        if limits.chars == 0 {
+        let m = m.borrow();
+        let chars = if limits.chars == 0 { 0 } else { m.char_cost() };
+        let tokens = if limits.tokens == 0 {
             0
         } else {
-            m.borrow().char_cost()
-        }
+            m.tokens(limits.encoding)
+        };
+        (chars, tokens)
     };
-    let mut chars: usize = history[floor..].iter().map(cost).sum();
-    // Walk back from the protected tail while both limits still hold,
+    let (mut chars, mut tokens) = history[floor..]
+        .iter()
+        .map(cost)
+        .fold((0usize, 0usize), |(c, t), (dc, dt)| {
+            (c.saturating_add(dc), t.saturating_add(dt))
+        });
+    let mut reason = None;
+    // Walk back from the protected tail while every limit still holds,
     // remembering the earliest position where a cut is allowed.
     for i in (0..floor).rev() {
-        chars = chars.saturating_add(cost(&history[i]));
+        let (c, t) = cost(&history[i]);
+        chars = chars.saturating_add(c);
+        tokens = tokens.saturating_add(t);
         let count = history.len() - i;
-        if (limits.messages != 0 && count > limits.messages)
-            || (limits.chars != 0 && chars > limits.chars)
-        {
+        reason = if limits.messages != 0 && count > limits.messages {
+            Some(TrimReason::MaxMessages)
+        } else if limits.chars != 0 && chars > limits.chars {
+            Some(TrimReason::MaxChars)
+        } else if limits.tokens != 0 && tokens > limits.tokens {
+            Some(TrimReason::MaxTokens)
+        } else {
+            None
+        };
+        if reason.is_some() {
             break;
         }
         if can_start_at(history, i) {
             start = i;
         }
     }
-    start
-}
-
-/// Why a window left out older messages: what including one more would
-/// have exceeded. Call only with `start > 0`.
-pub fn trim_reason<H>(history: &[H], limits: Limits, start: usize) -> TrimReason {
-    let widened = history.len() - start + 1;
-    if limits.messages != 0 && widened > limits.messages {
-        TrimReason::MaxMessages
-    } else {
-        TrimReason::MaxChars
-    }
+    Window { start, reason }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -64,6 +95,7 @@ pub fn trim_reason<H>(history: &[H], limits: Limits, start: usize) -> TrimReason
 pub enum TrimReason {
     MaxMessages,
     MaxChars,
+    MaxTokens,
 }
 
 /// Where messages were trimmed from: the window sent upstream, or the
@@ -128,13 +160,13 @@ mod tests {
     fn count(n: usize) -> Limits {
         Limits {
             messages: n,
-            chars: 0,
+            ..Limits::default()
         }
     }
     fn chars(n: usize) -> Limits {
         Limits {
-            messages: 0,
             chars: n,
+            ..Limits::default()
         }
     }
 
@@ -199,19 +231,131 @@ mod tests {
         let both = Limits {
             messages: 2,
             chars: 100,
+            ..Limits::default()
         };
-        assert_eq!(
-            trim_reason(&h, both, window_start(&h, both)),
-            TrimReason::MaxMessages
-        );
+        assert_eq!(window(&h, both).reason, Some(TrimReason::MaxMessages));
         let chars = Limits {
             messages: 10,
             chars: 6,
+            ..Limits::default()
+        };
+        assert_eq!(window(&h, chars).reason, Some(TrimReason::MaxChars));
+        assert_eq!(window(&h, count(10)).reason, None);
+        // Four messages would start with a tool result: the window is two,
+        // and it was the count that stopped it, not characters.
+        let h = [
+            u("q"),
+            call("c1"),
+            result("c1"),
+            result("c1b"),
+            a("done"),
+            u("next"),
+        ];
+        assert_eq!(
+            window(&h, count(4)),
+            Window {
+                start: 4,
+                reason: Some(TrimReason::MaxMessages)
+            }
+        );
+    }
+
+    fn tokens(n: usize, encoding: Encoding) -> Limits {
+        Limits {
+            tokens: n,
+            encoding,
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn token_limit_keeps_the_newest() {
+        // "hello world" is 2 tokens in both encodings, and each role 1:
+        // 3 + 1 + 2 = 6 a message.
+        for enc in [Encoding::O200k, Encoding::Cl100k] {
+            let h = [
+                u("hello world"),
+                a("hello world"),
+                u("hello world"),
+                a("hello world"),
+                u("hello world"),
+            ];
+            assert_eq!(window_start(&h, tokens(30, enc)), 0);
+            assert_eq!(window_start(&h, tokens(18, enc)), 2);
+            assert_eq!(window_start(&h, tokens(17, enc)), 3);
+            assert_eq!(
+                window(&h, tokens(17, enc)).reason,
+                Some(TrimReason::MaxTokens)
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_models_are_bounded_by_the_estimate() {
+        // u("abcd"): 3 + "user" 1 + "abcd" 1 = 5; a("abcd"): 3 + 3 + 1 = 7.
+        let h = [u("abcd"), a("abcd"), u("abcd")];
+        assert_eq!(window_start(&h, tokens(17, Encoding::Approx)), 0);
+        assert_eq!(window_start(&h, tokens(16, Encoding::Approx)), 1);
+        assert_eq!(window_start(&h, tokens(11, Encoding::Approx)), 2);
+    }
+
+    #[test]
+    fn token_limit_keeps_the_newest_user_message_and_tool_groups_whole() {
+        let enc = Encoding::O200k;
+        let long = "many words in a long question ".repeat(20);
+        let h = [u("a"), a("b"), u(&long)];
+        assert_eq!(window_start(&h, tokens(10, enc)), 2);
+        let h = [u("old"), a("x"), u("weather?"), call("c1"), result("c1")];
+        assert_eq!(window_start(&h, tokens(1, enc)), 2);
+        // Room for the tool result but not its call: neither is sent.
+        let h = [u("q"), call("c1"), result("c1"), a("done"), u("next")];
+        let tail: usize = h[3..].iter().map(|m| m.tokens(enc)).sum();
+        let with_result = tail + h[2].tokens(enc);
+        assert_eq!(window_start(&h, tokens(with_result, enc)), 3);
+        let with_call = with_result + h[1].tokens(enc);
+        assert_eq!(window_start(&h, tokens(with_call, enc)), 1);
+    }
+
+    #[test]
+    fn the_tightest_of_all_limits_wins_and_is_named() {
+        let enc = Encoding::O200k;
+        // 6 tokens and 11 characters each.
+        let h = [
+            u("hello world"),
+            a("hello world"),
+            u("hello world"),
+            a("hello world"),
+            u("hello world"),
+        ];
+        let all = |messages, chars, tokens| Limits {
+            messages,
+            chars,
+            tokens,
+            encoding: enc,
         };
         assert_eq!(
-            trim_reason(&h, chars, window_start(&h, chars)),
-            TrimReason::MaxChars
+            window(&h, all(4, 100, 100)),
+            Window {
+                start: 1,
+                reason: Some(TrimReason::MaxMessages)
+            }
         );
+        assert_eq!(
+            window(&h, all(4, 33, 100)),
+            Window {
+                start: 2,
+                reason: Some(TrimReason::MaxChars)
+            }
+        );
+        assert_eq!(
+            window(&h, all(4, 33, 12)),
+            Window {
+                start: 3,
+                reason: Some(TrimReason::MaxTokens)
+            }
+        );
+        assert_eq!(window_start(&h, all(1, 33, 12)), 4);
+        assert_eq!(window_start(&h, all(0, 0, 0)), 0);
     }
 
     #[test]

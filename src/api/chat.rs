@@ -24,6 +24,7 @@ use crate::message::{parse_messages, Message, Role};
 use crate::relay::{self, now_ms, Exchange};
 use crate::session::{self, Refused};
 use crate::storage::Wait;
+use crate::tokens::Encoding;
 use crate::vendor::{self, TurnInfo};
 
 pub async fn completions(
@@ -81,8 +82,9 @@ pub async fn completions(
 
     let prepared = match &session_id {
         Some(id) => {
+            let encoding = token_encoding(&app, &model).await;
             let (mut prepared, flight) =
-                open_turn(&app, id, &conversation, user.as_deref(), now).await?;
+                open_turn(&app, id, &conversation, user.as_deref(), encoding, now).await?;
             // The upstream call does not wait for the user's message to be
             // stored: the two overlap, and the reply's end (what tells the
             // client the turn happened) waits for both.
@@ -195,6 +197,7 @@ async fn open_turn(
     id: &str,
     conversation: &[Message],
     user: Option<&str>,
+    encoding: Encoding,
     now: i64,
 ) -> Result<(session::Prepared, Arc<InFlight>), ApiError> {
     let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
@@ -221,7 +224,7 @@ async fn open_turn(
         if created {
             app.session_created();
         }
-        match session.begin(&app.policy, conversation, user, now) {
+        match session.begin(&app.policy, conversation, user, encoding, now) {
             Ok((prepared, flight)) => {
                 if let Some(claim) = claim {
                     flight.hold(claim);
@@ -239,6 +242,21 @@ async fn open_turn(
             }
         }
     }
+}
+
+/// How the turn's window counts tokens. The first turn for a model family
+/// builds its tokenizer, on a blocking thread rather than an async worker
+/// or under the session's lock; without `window_tokens` nothing is built.
+async fn token_encoding(app: &App, model: &str) -> Encoding {
+    if app.policy.history.window_tokens == 0 {
+        return Encoding::default();
+    }
+    let encoding = Encoding::for_model(model);
+    if !encoding.is_ready() {
+        // Fails only if building panicked; counting would then try again.
+        let _ = tokio::task::spawn_blocking(move || encoding.load()).await;
+    }
+    encoding
 }
 
 /// Seed 000's `metadata.user`: who said each user message, unless the

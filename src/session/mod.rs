@@ -23,6 +23,7 @@ use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::metrics::{Cause, Metrics};
 use crate::storage::{Loaded, Meta, Op, Storage, Ticket};
+use crate::tokens::Encoding;
 use crate::webhook::{Event, Notifier};
 use crate::window::{self, Limits, TrimReason, TrimScope};
 use crate::{reconcile, turns};
@@ -262,12 +263,14 @@ impl Session {
     }
 
     /// Opens a turn: settles the reply still in flight (if any), merges the
-    /// client's conversation into the history, and decides the window.
+    /// client's conversation into the history, and decides the window
+    /// (`encoding` counts tokens for the model the turn is sent to).
     pub fn begin(
         self: &Arc<Self>,
         policy: &Arc<Policy>,
         incoming: &[Message],
         user: Option<&str>,
+        encoding: Encoding,
         now_ms: i64,
     ) -> Result<(Prepared, Arc<InFlight>), Refused> {
         let mut st = self.settled(policy.on_new_request)?;
@@ -277,7 +280,7 @@ impl Session {
             }
         }
         self.touch(now_ms);
-        let prepared = self.append(&mut st, policy, incoming, now_ms);
+        let prepared = self.append(&mut st, policy, incoming, encoding, now_ms);
         let recorder = Recorder::new(Arc::clone(self), Arc::clone(policy));
         let flight = Arc::new(InFlight::new(Some(recorder), prepared.turn_id));
         st.active = Some(Arc::clone(&flight));
@@ -343,13 +346,14 @@ impl Session {
         st: &mut State,
         policy: &Policy,
         incoming: &[Message],
+        encoding: Encoding,
         now_ms: i64,
     ) -> Prepared {
         let mut ops = Vec::new();
         let found = reconcile::reconcile(&st.messages, incoming, st.first_seq > 0);
         for (i, heard) in found.shortened {
             if let Some(m) = st.messages.get_mut(i) {
-                interruption::mark_stored(Arc::make_mut(m), Some(&Spoken::Text(heard)), now_ms);
+                interruption::mark_stored(Message::edit(m), Some(&Spoken::Text(heard)), now_ms);
                 ops.push(self.set_op(st, i));
             }
         }
@@ -364,11 +368,12 @@ impl Session {
         let limits = Limits {
             messages: policy.history.window_messages,
             chars: policy.history.window_chars,
+            tokens: policy.history.window_tokens,
+            encoding,
         };
-        let start = window::window_start(&st.messages, limits);
+        let window::Window { start, reason } = window::window(&st.messages, limits);
         let from = st.first_seq + start as u64;
-        if start > 0 {
-            let reason = window::trim_reason(&st.messages, limits, start);
+        if let Some(reason) = reason {
             policy.metrics.add_trimmed(TrimScope::Window, reason, start);
             if from != st.window_from {
                 self.trimmed(policy, TrimScope::Window, reason, start);
@@ -458,7 +463,7 @@ impl Session {
         else {
             return Ticket::ready();
         };
-        change(Arc::make_mut(&mut st.messages[index]));
+        change(Message::edit(&mut st.messages[index]));
         let op = self.set_op(&st, index);
         self.persist(&st, policy, vec![op])
     }
@@ -491,7 +496,7 @@ impl Session {
         else {
             return Interrupted::NothingToInterrupt;
         };
-        let m = Arc::make_mut(m);
+        let m = Message::edit(m);
         interruption::mark_stored(m, spoken, now_ms);
         let record = m.clone();
         let op = self.set_op(&st, st.messages.len() - 1);
