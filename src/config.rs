@@ -248,6 +248,9 @@ pub struct HistoryConfig {
     pub window_tokens: usize,
     /// How many messages a session keeps (0 = all).
     pub max_messages: usize,
+    /// Bytes of text a session keeps (`Message::byte_cost`), oldest
+    /// dropped first, like `max_messages` (0 = no limit).
+    pub max_bytes: usize,
     /// When set, a failed upstream call is recorded as an assistant message
     /// with this content and `metadata.source = "llm_failure"`.
     pub failure_message: Option<String>,
@@ -260,6 +263,7 @@ impl Default for HistoryConfig {
             window_chars: 0,
             window_tokens: 0,
             max_messages: 1000,
+            max_bytes: 4 * 1024 * 1024,
             failure_message: None,
         }
     }

@@ -362,6 +362,23 @@ impl Message {
         content + calls
     }
 
+    /// Roughly the bytes this message holds: its text (or its parts as
+    /// JSON), its tool calls as JSON, and an interrupted reply's
+    /// `original`. What `[history] max_bytes` bounds.
+    pub fn byte_cost(&self) -> usize {
+        let content = match &self.content {
+            Value::Null => 0,
+            Value::String(s) => s.len(),
+            other => serde_json::to_string(other).map_or(0, |s| s.len()),
+        };
+        let calls = self
+            .tool_calls()
+            .and_then(|c| serde_json::to_string(c).ok())
+            .map_or(0, |s| s.len());
+        let original = self.meta_str("original").map_or(0, str::len);
+        content + calls + original
+    }
+
     /// The message as OpenAI accepts it: extension fields dropped.
     pub fn to_openai(&self) -> Value {
         serde_json::to_value(OpenAi(self)).unwrap_or(Value::Null)

@@ -308,9 +308,10 @@ impl Metrics {
         .sum()
     }
 
-    /// Messages dropped from sessions over `max_messages`.
+    /// Messages dropped from sessions over `max_messages` or `max_bytes`.
     pub fn trimmed_kept(&self) -> u64 {
         self.trimmed(TrimScope::History, TrimReason::MaxMessages)
+            + self.trimmed(TrimScope::History, TrimReason::MaxBytes)
     }
 
     pub fn interrupted(&self, cause: Cause) {
@@ -378,6 +379,7 @@ fn trim_labels(scope: TrimScope, reason: TrimReason) -> TrimLabels {
             TrimReason::MaxMessages => "max_messages",
             TrimReason::MaxChars => "max_chars",
             TrimReason::MaxTokens => "max_tokens",
+            TrimReason::MaxBytes => "max_bytes",
         },
     }
 }

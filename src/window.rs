@@ -96,6 +96,7 @@ pub enum TrimReason {
     MaxMessages,
     MaxChars,
     MaxTokens,
+    MaxBytes,
 }
 
 /// Where messages were trimmed from: the window sent upstream, or the
@@ -119,6 +120,26 @@ pub fn keep_start<H: Borrow<Message>>(history: &[H], max: usize) -> usize {
         .unwrap_or(floor)
 }
 
+/// How many of the oldest messages to drop so that the rest hold at most
+/// `max` bytes (`Message::byte_cost`; 0 = no limit), given that all of them
+/// hold `total`. Groups stay whole and the newest turn is always kept. It
+/// looks only at what it drops, so a long history costs nothing extra.
+pub fn keep_start_bytes<H: Borrow<Message>>(history: &[H], total: usize, max: usize) -> usize {
+    if max == 0 || total <= max {
+        return 0;
+    }
+    let floor = protected_start(history);
+    let mut excess = total - max;
+    let mut first_kept = 0;
+    while first_kept < floor && excess > 0 {
+        excess = excess.saturating_sub(history[first_kept].borrow().byte_cost());
+        first_kept += 1;
+    }
+    (first_kept..floor)
+        .find(|&i| can_start_at(history, i))
+        .unwrap_or(floor)
+}
+
 /// The start of the part that is never trimmed: the newest user message,
 /// or failing that the last place a window may start.
 fn protected_start<H: Borrow<Message>>(history: &[H]) -> usize {
@@ -132,6 +153,47 @@ fn protected_start<H: Borrow<Message>>(history: &[H]) -> usize {
 /// A window may not begin with a tool result: its tool call would be cut off.
 fn can_start_at<H: Borrow<Message>>(history: &[H], i: usize) -> bool {
     !history[i].borrow().is_tool_result()
+}
+
+#[cfg(test)]
+mod bytes_tests {
+    use super::*;
+    use crate::message::Role;
+    use serde_json::{json, Value};
+
+    fn total(h: &[Message]) -> usize {
+        h.iter().map(Message::byte_cost).sum()
+    }
+
+    #[test]
+    fn the_oldest_go_until_the_rest_fit_and_groups_stay_whole() {
+        let u = |t: &str| Message::new(Role::User, t);
+        let a = |t: &str| Message::new(Role::Assistant, t);
+        let h = vec![u("aaaa"), a("bbbb"), u("cccc"), a("dddd"), u("eeee")];
+        assert_eq!(keep_start_bytes(&h, total(&h), 0), 0);
+        assert_eq!(keep_start_bytes(&h, total(&h), 20), 0);
+        assert_eq!(keep_start_bytes(&h, total(&h), 12), 2);
+        // The newest user message stays, whatever its size.
+        assert_eq!(keep_start_bytes(&h, total(&h), 1), 4);
+
+        let mut call = Message::new(Role::Assistant, Value::Null);
+        call.set_tool_calls(Some(vec![json!({"id": "c", "type": "function",
+            "function": {"name": "f", "arguments": ""}})]));
+        let mut result = Message::new(Role::Tool, "r".repeat(10));
+        result.set_tool_call_id(Some("c".into()));
+        let h = vec![u("x".repeat(10).as_str()), call, result, a("ok"), u("next")];
+        // Dropping the call would strand its result: the result goes too.
+        let start = keep_start_bytes(&h, total(&h), total(&h) - 11);
+        assert_eq!(start, 3, "{start}");
+    }
+
+    #[test]
+    fn an_interrupted_replys_original_counts() {
+        let mut m = Message::new(Role::Assistant, "cut");
+        m.metadata_mut()
+            .insert("original", Value::String("cut off mid-sentence".into()));
+        assert_eq!(m.byte_cost(), 3 + 20);
+    }
 }
 
 #[cfg(test)]

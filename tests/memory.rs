@@ -489,3 +489,50 @@ async fn an_absurd_client_turn_id_does_not_break_the_session() {
     h.say("o", "b").await;
     assert_eq!(h.transcript("o").await.len(), 4);
 }
+
+#[tokio::test]
+async fn a_session_keeps_at_most_max_bytes_oldest_dropped_first() {
+    use recall::window::{TrimReason, TrimScope};
+    let h = Harness::start(
+        "[history]\nwindow_messages = 0\nmax_messages = 0\nmax_bytes = 1000\n",
+        "",
+    )
+    .await;
+    let text = |c: char| c.to_string().repeat(300);
+    for c in ['a', 'b', 'c', 'd'] {
+        h.upstream
+            .push(completion(&c.to_ascii_uppercase().to_string()));
+        h.say("bytes", &text(c)).await;
+    }
+    let (_, hist) = h.history("bytes").await;
+    let kept: Vec<&str> = hist["contents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    let held: usize = kept.iter().map(|t| t.len()).sum();
+    assert!(held <= 1000, "{held} bytes kept: {kept:?}");
+    // The newest turns stay; the oldest went first.
+    assert_eq!(kept.last(), Some(&"D"));
+    assert!(kept.contains(&text('d').as_str()) && kept.contains(&text('c').as_str()));
+    assert!(!kept.contains(&text('a').as_str()));
+    assert!(
+        h.app
+            .metrics
+            .trimmed(TrimScope::History, TrimReason::MaxBytes)
+            >= 1
+    );
+
+    // A single message over the bound is kept alone: the newest turn is
+    // never dropped.
+    h.upstream.push(completion("big answer"));
+    h.say("bytes", &"z".repeat(5000)).await;
+    assert_eq!(
+        h.transcript("bytes").await,
+        [
+            format!("user: {}", "z".repeat(5000)),
+            "assistant: big answer".into()
+        ]
+    );
+}

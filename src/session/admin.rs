@@ -89,7 +89,7 @@ impl Session {
         self.touch(now_ms);
         let turn = turns::stamp_client_messages(&mut messages, 0, None, now_ms);
         let messages = super::shared(messages);
-        let old = std::mem::replace(&mut st.messages, messages);
+        let old = st.replace_messages(messages);
         st.first_seq += old.len() as u64;
         st.turn_id = turn;
         st.incarnation = super::next_incarnation();
@@ -120,7 +120,7 @@ impl Session {
         let last = st.messages.last().map(|m| &**m);
         st.turn_id = turns::stamp_client_messages(&mut messages, st.turn_id, last, now_ms);
         let from = st.messages.len();
-        st.messages.extend(messages.iter().cloned().map(Arc::new));
+        st.extend_messages(messages.iter().cloned());
         let mut ops: Vec<Op> = (from..st.messages.len())
             .map(|i| self.push_op(&st, i))
             .collect();
@@ -134,7 +134,7 @@ impl Session {
         self.touch(now_ms);
         let cleared = st.messages.len();
         st.first_seq += cleared as u64;
-        st.messages.clear();
+        st.clear_messages();
         st.turn_id = 0;
         st.incarnation = super::next_incarnation();
         let ops = vec![Op::Clear {
@@ -193,7 +193,7 @@ impl Session {
             turn_id: st.turn_id,
             users: std::mem::take(&mut st.users),
             system_messages: std::mem::take(&mut st.system_messages),
-            contents: std::mem::take(&mut st.messages),
+            contents: st.replace_messages(Vec::new()),
         };
         let ticket = if policy.storage.persistent() {
             let mut ops = vec![Op::Delete {

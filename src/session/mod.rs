@@ -72,6 +72,9 @@ struct State {
     /// Where the last window sent upstream began (by sequence number), so
     /// that a trim event is sent when it moves, not on every turn.
     window_from: u64,
+    /// What the messages hold, by `Message::byte_cost`, kept up to date
+    /// with every change so that `max_bytes` never sums a whole history.
+    bytes: usize,
 }
 
 impl State {
@@ -86,7 +89,54 @@ impl State {
             ended: false,
             incarnation: next_incarnation(),
             window_from: meta.first_seq,
+            bytes: 0,
         }
+    }
+
+    fn with_messages(meta: Meta, messages: Vec<Message>) -> Self {
+        let mut st = Self::new(meta);
+        st.replace_messages(shared(messages));
+        st
+    }
+
+    // Every change to `messages` goes through these, which keep `bytes`.
+
+    fn replace_messages(&mut self, messages: Vec<Arc<Message>>) -> Vec<Arc<Message>> {
+        self.bytes = messages.iter().map(|m| m.byte_cost()).sum();
+        std::mem::replace(&mut self.messages, messages)
+    }
+
+    fn push_message(&mut self, m: Arc<Message>) {
+        self.bytes += m.byte_cost();
+        self.messages.push(m);
+    }
+
+    fn extend_messages(&mut self, new: impl IntoIterator<Item = Message>) {
+        for m in new {
+            self.push_message(Arc::new(m));
+        }
+    }
+
+    fn drop_oldest(&mut self, n: usize) {
+        let gone: usize = self.messages[..n].iter().map(|m| m.byte_cost()).sum();
+        self.bytes = self.bytes.saturating_sub(gone);
+        self.messages.drain(..n);
+    }
+
+    fn clear_messages(&mut self) {
+        self.bytes = 0;
+        self.messages.clear();
+    }
+
+    /// Changes the message at `index` (copied first if a window or a
+    /// storage op still shares it).
+    fn edit_message<T>(&mut self, index: usize, change: impl FnOnce(&mut Message) -> T) -> T {
+        let m = Message::edit(&mut self.messages[index]);
+        let before = m.byte_cost();
+        let out = change(m);
+        let after = m.byte_cost();
+        self.bytes = (self.bytes + after).saturating_sub(before);
+        out
     }
 }
 
@@ -175,10 +225,7 @@ impl Session {
             id: id.to_owned(),
             created_ms: meta.created_ms,
             last_active_ms: AtomicI64::new(meta.last_active_ms),
-            state: Mutex::new(State {
-                messages: shared(messages),
-                ..State::new(meta)
-            }),
+            state: Mutex::new(State::with_messages(meta, messages)),
         }
     }
 
@@ -305,10 +352,7 @@ impl Session {
         let Loaded { meta, messages } = loaded;
         self.last_active_ms
             .fetch_max(meta.last_active_ms, Ordering::Relaxed);
-        *st = State {
-            messages: shared(messages),
-            ..State::new(meta)
-        };
+        *st = State::with_messages(meta, messages);
     }
 
     /// Settles the reply in flight, if any, as `policy` says, and returns
@@ -352,8 +396,10 @@ impl Session {
         let mut ops = Vec::new();
         let found = reconcile::reconcile(&st.messages, incoming, st.first_seq > 0);
         for (i, heard) in found.shortened {
-            if let Some(m) = st.messages.get_mut(i) {
-                interruption::mark_stored(Message::edit(m), Some(&Spoken::Text(heard)), now_ms);
+            if i < st.messages.len() {
+                st.edit_message(i, |m| {
+                    interruption::mark_stored(m, Some(&Spoken::Text(heard)), now_ms)
+                });
                 ops.push(self.set_op(st, i));
             }
         }
@@ -361,7 +407,7 @@ impl Session {
         let last = st.messages.last().map(|m| &**m);
         st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, last, now_ms);
         let from = st.messages.len();
-        st.messages.extend(new.into_iter().map(Arc::new));
+        st.extend_messages(new);
         ops.extend((from..st.messages.len()).map(|i| self.push_op(st, i)));
         self.trim(st, policy, &mut ops);
 
@@ -390,9 +436,15 @@ impl Session {
     }
 
     fn trim(&self, st: &mut State, policy: &Policy, ops: &mut Vec<Op>) {
-        let drop = window::keep_start(&st.messages, policy.history.max_messages);
+        let by_count = window::keep_start(&st.messages, policy.history.max_messages);
+        let by_bytes = window::keep_start_bytes(&st.messages, st.bytes, policy.history.max_bytes);
+        let (drop, reason) = if by_bytes > by_count {
+            (by_bytes, TrimReason::MaxBytes)
+        } else {
+            (by_count, TrimReason::MaxMessages)
+        };
         if drop > 0 {
-            st.messages.drain(..drop);
+            st.drop_oldest(drop);
             let from = st.first_seq;
             st.first_seq += drop as u64;
             ops.push(Op::DropBefore {
@@ -400,10 +452,8 @@ impl Session {
                 from,
                 seq: st.first_seq,
             });
-            policy
-                .metrics
-                .add_trimmed(TrimScope::History, TrimReason::MaxMessages, drop);
-            self.trimmed(policy, TrimScope::History, TrimReason::MaxMessages, drop);
+            policy.metrics.add_trimmed(TrimScope::History, reason, drop);
+            self.trimmed(policy, TrimScope::History, reason, drop);
         }
     }
 
@@ -432,7 +482,7 @@ impl Session {
         self.touch(crate::relay::now_ms());
         let mut ops = Vec::new();
         let seq = reply.map(|m| {
-            st.messages.push(Arc::new(m));
+            st.push_message(Arc::new(m));
             ops.push(self.push_op(&st, st.messages.len() - 1));
             st.first_seq + st.messages.len() as u64 - 1
         });
@@ -463,7 +513,7 @@ impl Session {
         else {
             return Ticket::ready();
         };
-        change(Message::edit(&mut st.messages[index]));
+        st.edit_message(index, change);
         let op = self.set_op(&st, index);
         self.persist(&st, policy, vec![op])
     }
@@ -489,17 +539,17 @@ impl Session {
         let mut st = self.state();
         // Only the reply that ends the history: an older one was answered
         // by later turns, and a failure record was never said by the model.
-        let Some(m) = st
-            .messages
-            .last_mut()
-            .filter(|m| m.role == "assistant" && !interruption::is_failure(m))
-        else {
+        let Some(last) = st.messages.len().checked_sub(1).filter(|&i| {
+            let m = &st.messages[i];
+            m.role == "assistant" && !interruption::is_failure(m)
+        }) else {
             return Interrupted::NothingToInterrupt;
         };
-        let m = Message::edit(m);
-        interruption::mark_stored(m, spoken, now_ms);
-        let record = m.clone();
-        let op = self.set_op(&st, st.messages.len() - 1);
+        let record = st.edit_message(last, |m| {
+            interruption::mark_stored(m, spoken, now_ms);
+            m.clone()
+        });
+        let op = self.set_op(&st, last);
         Interrupted::Stored(record, self.persist(&st, policy, vec![op]))
     }
 }
