@@ -228,9 +228,17 @@ async fn json_logs_carry_the_request_span_and_never_contents_or_keys() {
     let upstream = MockUpstream::start().await;
     upstream.push(completion("A SECRET ANSWER"));
     upstream.push(sse_text(&["STREAMED ", "SECRET"], Duration::ZERO));
+    // A webhook nobody listens on, so that its failures are logged too.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_port = dead.local_addr().unwrap().port();
+    drop(dead);
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[log]\nformat = \"json\"\nlevel = \"debug\"\n\
          [storage]\nbackend = \"memory\"\n\
+         [admin]\ntoken_env = \"OBS_ADMIN\"\n\
+         [auth]\napi_keys_env = \"OBS_CLIENT_KEYS\"\n\
+         [webhook]\nurl = \"http://127.0.0.1:{dead_port}/hook\"\nsecret_env = \"OBS_HOOK_SECRET\"\n\
+         max_retries = 0\n\
          [[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\napi_key_env = \"OBS_UPSTREAM_KEY\"\n",
         upstream.base_url()
     );
@@ -238,6 +246,9 @@ async fn json_logs_carry_the_request_span_and_never_contents_or_keys() {
         &config,
         &[
             ("OBS_UPSTREAM_KEY", "sk-upstream-key-0451"),
+            ("OBS_CLIENT_KEYS", "sk-client-key-9876"),
+            ("OBS_ADMIN", "admin-token-1234"),
+            ("OBS_HOOK_SECRET", "hook-secret-5678"),
             ("RUST_LOG", "debug,hyper=info,reqwest=info,h2=info"),
         ],
     );
@@ -259,8 +270,31 @@ async fn json_logs_carry_the_request_span_and_never_contents_or_keys() {
         upstream.last().headers["authorization"],
         "Bearer sk-upstream-key-0451"
     );
-    // The log line of a request is written when it is answered.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The admin ends the session: its event goes to the dead webhook.
+    let resp = client
+        .post(format!("{}/v1/sessions", recall.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+    let resp = client
+        .get(format!("{}/v1/sessions", recall.url))
+        .bearer_auth("admin-token-1234")
+        .send()
+        .await
+        .unwrap();
+    let listed: Value = resp.json().await.unwrap();
+    let internal = listed["data"][0]["id"].as_str().unwrap().to_owned();
+    let resp = client
+        .post(format!("{}/v1/sessions/{internal}/end", recall.url))
+        .bearer_auth("admin-token-1234")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The log line of a request is written when it is answered; the
+    // webhook's failure soon after.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let log = recall.log();
     for secret in [
         "MY PRIVATE QUESTION",
@@ -268,6 +302,8 @@ async fn json_logs_carry_the_request_span_and_never_contents_or_keys() {
         "STREAMED",
         "sk-client-key-9876",
         "sk-upstream-key-0451",
+        "admin-token-1234",
+        "hook-secret-5678",
     ] {
         assert!(
             !log.iter().any(|l| l.contains(secret)),
@@ -280,10 +316,23 @@ async fn json_logs_carry_the_request_span_and_never_contents_or_keys() {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["fields"]["message"] == "request answered")
         .collect();
-    assert_eq!(answered.len(), 2, "{}", log.join("\n"));
-    for line in answered {
+    let chats: Vec<&Value> = answered
+        .iter()
+        .filter(|l| l["span"]["route"] == "/v1/chat/completions")
+        .collect();
+    assert_eq!(chats.len(), 2, "{}", log.join("\n"));
+    assert!(
+        log.iter().any(|l| l.contains("webhook")),
+        "the webhook's failure was not logged:\n{}",
+        log.join("\n")
+    );
+    for line in chats {
         let span = &line["span"];
-        assert_eq!(span["session"], "logs-1", "{line}");
+        // Internal ids: the client key's tenant, then the session's id.
+        assert!(
+            span["session"].as_str().unwrap().ends_with(":logs-1"),
+            "{line}"
+        );
         assert_eq!(span["upstream"], "mock", "{line}");
         assert_eq!(span["route"], "/v1/chat/completions", "{line}");
         assert_eq!(span["status"], 200, "{line}");
