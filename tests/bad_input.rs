@@ -369,6 +369,14 @@ fn rows() -> Vec<Row> {
             says: "larger than",
         },
         Row {
+            name: "headers larger than server.max_header_bytes",
+            send: Send::Header(Box::leak(vec![b'a'; 40 * 1024].into_boxed_slice())),
+            status: 431,
+            param: None,
+            code: Some("headers_too_large"),
+            says: "server.max_header_bytes",
+        },
+        Row {
             name: "chunked body that never ends",
             send: Send::Stalled("transfer-encoding: chunked\r\n\r\nf\r\n{\"model\": \"m\", \r\n"),
             status: 408,
