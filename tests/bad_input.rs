@@ -556,8 +556,8 @@ async fn every_class_of_bad_input_is_an_openai_4xx_and_changes_nothing() {
     );
 }
 
-/// Nesting up to serde_json's limit is accepted, forwarded, stored and
-/// read back (after a restart too, with persistent storage) without
+/// Nesting up to serde_json's limit is accepted, forwarded, stored (through
+/// the backend `RECALL_TEST_BACKEND` picks) and read back without
 /// overflowing a stack: the deepest request that gets past the parser.
 #[tokio::test]
 async fn nesting_just_under_the_limit_goes_through() {
@@ -652,4 +652,30 @@ async fn model_ids_that_walk_the_upstream_url_are_refused() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(h.upstream.last().path, "/v1/models/meta-llama/Llama-3-8B");
+}
+
+/// A session API query string that does not fit its fields gets recall's
+/// OpenAI-shaped 400, not the framework's plain-text one.
+#[tokio::test]
+async fn a_bad_query_string_is_an_openai_400() {
+    let h = Harness::default().await;
+    h.say("q", "hi").await;
+    for path in ["/v1/sessions?limit=many", "/v1/sessions/q/history?limit=-1"] {
+        let resp = h
+            .client
+            .get(format!("{}{path}", h.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{path}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("query string"),
+            "{body}"
+        );
+    }
 }
