@@ -637,6 +637,7 @@ async fn model_ids_that_walk_the_upstream_url_are_refused() {
         "/v1/models/gpt/../../admin",
         "/v1/models/a%3Fb",
         "/v1/models/%2E%2E",
+        "/v1/models/%FF",
     ] {
         let req = format!("GET {target} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
         let (status, body) = raw_http(&addr, req.as_bytes(), false).await;

@@ -12,6 +12,8 @@ use std::time::Duration;
 use std::collections::HashMap;
 
 use axum::body::Body;
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{Method, Uri};
@@ -172,9 +174,10 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     .into()
 }
 
-/// The path's parameters (`{session_id}`, `{id}`), percent-decoded. A
+/// The path's parameters (`{session_id}`, `{model}`), percent-decoded. A
 /// parameter that does not decode to UTF-8 gets recall's OpenAI-shaped 400,
-/// not axum's plain-text one, like every other bad input.
+/// naming it in `param`, not axum's plain-text one, like every other bad
+/// input.
 pub struct PathParams(pub HashMap<String, String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for PathParams {
@@ -183,14 +186,20 @@ impl<S: Send + Sync> FromRequestParts<S> for PathParams {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         match Option::<Path<HashMap<String, String>>>::from_request_parts(parts, state).await {
             Ok(params) => Ok(PathParams(params.map(|p| p.0).unwrap_or_default())),
-            Err(rejection) => Err(RequestError::invalid(
-                format!(
-                    "the session id in the URL path is invalid: {}",
-                    rejection.body_text()
-                ),
-                Some("session_id"),
-            )
-            .into()),
+            Err(rejection) => {
+                let param = match &rejection {
+                    PathRejection::FailedToDeserializePathParams(e) => match e.kind() {
+                        ErrorKind::InvalidUtf8InPathParam { key } => Some(key.clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                Err(RequestError::invalid(
+                    format!("the URL path is invalid: {}", rejection.body_text()),
+                    param.as_deref(),
+                )
+                .into())
+            }
         }
     }
 }
