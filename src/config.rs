@@ -67,6 +67,13 @@ pub struct ServerConfig {
     /// On SIGTERM, how long replies in flight may take to finish before
     /// they are recorded as interrupted.
     pub shutdown_grace_secs: u64,
+    /// How long a client may take to send its whole request body. A body
+    /// that never ends would otherwise hold its connection and task forever.
+    pub request_body_timeout_secs: u64,
+    /// Most messages one chat request may carry. Every message is parsed,
+    /// reconciled and may be stored, so a request of a million tiny
+    /// messages is refused up front rather than written to storage.
+    pub max_request_messages: usize,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +84,9 @@ impl Default for ServerConfig {
             max_concurrent_upstream: 1024,
             max_header_bytes: 32 * 1024,
             shutdown_grace_secs: 30,
+            request_body_timeout_secs: 30,
+            // The largest `messages` array Azure OpenAI accepts.
+            max_request_messages: 2048,
         }
     }
 }
@@ -509,6 +519,15 @@ impl Config {
         }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be greater than 0"));
+        }
+        if self.server.request_body_timeout_secs == 0 {
+            return Err(invalid(
+                "server.request_body_timeout_secs",
+                "must be at least 1",
+            ));
+        }
+        if self.server.max_request_messages == 0 {
+            return Err(invalid("server.max_request_messages", "must be at least 1"));
         }
         for (key, name) in [
             ("session.header", &self.session.header),

@@ -12,11 +12,17 @@ pub enum RequestError {
     Invalid {
         message: String,
         param: Option<String>,
+        /// OpenAI's machine-readable reason, where it has one for the case.
+        code: Option<&'static str>,
     },
     #[error("request body is larger than the {limit} bytes allowed (server.max_body_bytes)")]
     TooLarge { limit: usize },
     #[error("request headers are larger than the {limit} bytes allowed (server.max_header_bytes)")]
     HeadersTooLarge { limit: usize },
+    /// The client stopped sending its body (or sends it too slowly): the
+    /// connection is not held open for it.
+    #[error("the request body did not arrive within {secs} s (server.request_body_timeout_secs)")]
+    BodyTimeout { secs: u64 },
     #[error("a session id is required: send the `{header}` header, use the /sessions/{{session_id}}/v1/ path, or set `session_id` in the body")]
     SessionRequired { header: String },
     #[error("The model `{model}` does not exist or no upstream serves it")]
@@ -48,6 +54,20 @@ impl RequestError {
         RequestError::Invalid {
             message: message.into(),
             param: param.map(str::to_owned),
+            code: None,
+        }
+    }
+
+    /// `invalid` with OpenAI's `code` for the case (`empty_array`, ...).
+    pub fn invalid_code(
+        message: impl Into<String>,
+        param: Option<&str>,
+        code: &'static str,
+    ) -> Self {
+        RequestError::Invalid {
+            message: message.into(),
+            param: param.map(str::to_owned),
+            code: Some(code),
         }
     }
 }
@@ -94,11 +114,17 @@ impl ApiError {
         use RequestError as R;
         match self {
             ApiError::Request(e) => match e {
-                R::Invalid { param, .. } => (
+                R::Invalid { param, code, .. } => (
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
                     param.clone(),
+                    *code,
+                ),
+                R::BodyTimeout { .. } => (
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
                     None,
+                    Some("request_timeout"),
                 ),
                 R::TooLarge { .. } => (
                     StatusCode::PAYLOAD_TOO_LARGE,

@@ -12,6 +12,8 @@ pub mod auth;
 pub mod cache;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inflight;
 pub mod interruption;
 pub mod lifecycle;

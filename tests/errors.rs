@@ -61,7 +61,10 @@ async fn bad_request_bodies_are_400_and_change_nothing() {
             r#"{"messages": [{"role": "user", "content": "x"}]}"#,
             Some("model"),
         ),
-        (r#"{"model": 5, "messages": []}"#, Some("model")),
+        (
+            r#"{"model": 5, "messages": [{"role": "user", "content": "x"}]}"#,
+            Some("model"),
+        ),
     ];
     for (body, param) in cases {
         let (status, resp) = post_raw(&h, body).await;

@@ -134,33 +134,63 @@ async fn streamed_tool_calls_are_accumulated() {
     );
 }
 
+/// Streaming several choices in a session is refused (recall records one
+/// reply per turn); without a session the stream is relayed untouched, and
+/// an upstream that streams several choices anyway is remembered by choice 0.
 #[tokio::test]
-async fn only_choice_zero_is_remembered_when_n_is_greater_than_one() {
+async fn n_greater_than_one_streams_only_without_a_session() {
     let h = Harness::default().await;
     let z = Duration::ZERO;
+    let (status, body) = h
+        .chat(
+            Some("n2"),
+            json!({"model": "m", "n": 2, "stream": true, "messages": [user("q")]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "n");
+    assert!(h.upstream.received().is_empty());
+
     let chunk = |index: u64, text: &str| {
         let c = json!({"object": "chat.completion.chunk",
                        "choices": [{"index": index, "delta": {"content": text}, "finish_reason": null}]});
         (z, format!("data: {c}\n\n"))
     };
+    let interleaved = vec![
+        chunk(1, "B1 "),
+        chunk(0, "A1 "),
+        chunk(1, "B2"),
+        chunk(0, "A2"),
+        (z, sse_tail()),
+    ];
     h.upstream.push(Reply::Sse {
-        chunks: vec![
-            chunk(1, "B1 "),
-            chunk(0, "A1 "),
-            chunk(1, "B2"),
-            chunk(0, "A2"),
-            (z, sse_tail()),
-        ],
+        chunks: interleaved.clone(),
+    });
+    let resp = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .json(&json!({"model": "m", "n": 2, "stream": true, "messages": [user("q")]}))
+        .send()
+        .await
+        .unwrap();
+    let relayed = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(
+        relayed.contains("B2") && relayed.contains("A2"),
+        "{relayed}"
+    );
+    assert_eq!(h.upstream.last().body["n"], 2);
+
+    h.upstream.push(Reply::Sse {
+        chunks: interleaved,
     });
     let resp = h
         .post_chat(
-            "n2",
-            json!({"model": "m", "n": 2, "stream": true, "messages": [user("q")]}),
+            "n1",
+            json!({"model": "m", "stream": true, "messages": [user("q")]}),
         )
         .await;
     resp.bytes().await.unwrap();
-    assert_eq!(h.transcript("n2").await, ["user: q", "assistant: A1 A2"]);
-    assert_eq!(h.upstream.last().body["n"], 2);
+    assert_eq!(h.transcript("n1").await, ["user: q", "assistant: A1 A2"]);
 }
 
 #[tokio::test]

@@ -8,13 +8,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{Map, Value};
 
 use super::observe::ServedBy;
+use super::PathParams;
 use crate::app::App;
 use crate::cache;
 use crate::config::OnNewRequest;
@@ -29,7 +30,7 @@ use crate::vendor::{self, TurnInfo};
 
 pub async fn completions(
     State(app): State<Arc<App>>,
-    path: Option<Path<HashMap<String, String>>>,
+    PathParams(path): PathParams,
     served: Option<Extension<ServedBy>>,
     mut headers: HeaderMap,
     body: Body,
@@ -41,13 +42,16 @@ pub async fn completions(
         // The client's key is recall's; the upstream gets its own or none.
         headers.remove(axum::http::header::AUTHORIZATION);
     }
-    let bytes = super::read_body(body, app.config.server.max_body_bytes).await?;
+    let bytes = super::read_body(&app, body).await?;
     // The client's upload is its own pace: the proxy's time starts here.
     let arrived = tokio::time::Instant::now();
-    let mut body = parse_body(&bytes)?;
-    let messages = take_messages(&mut body)?;
-    let session_id = session_id(&app, path.as_ref().map(|p| &p.0), &headers, &body)?
-        .map(|id| access.internal(&id).into_owned());
+    let ChatRequest { body, messages } =
+        parse_request(&bytes, app.config.server.max_request_messages)?;
+    let session_id = session_id(&app, &path, &headers, &body)?;
+    if session_id.is_some() {
+        one_streamed_choice(&body)?;
+    }
+    let session_id = session_id.map(|id| access.internal(&id).into_owned());
     let user = user_id(&app, &headers)?;
     let model = match body.get("model") {
         Some(Value::String(m)) => m.clone(),
@@ -338,6 +342,43 @@ fn user_id(app: &App, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// A chat request body, parsed and checked: everything in it that could
+/// be refused has been, before any state is touched.
+#[derive(Debug)]
+pub struct ChatRequest {
+    /// The body without `messages` (taken out; `vendor::rewrite` writes the
+    /// new list in its place).
+    pub body: Map<String, Value>,
+    pub messages: Vec<Message>,
+}
+
+/// Parses and checks a chat request body. `serde_json`'s recursion limit
+/// (128 levels) refuses deeper nesting as an error, so no input can
+/// overflow the stack here.
+pub fn parse_request(bytes: &[u8], max_messages: usize) -> Result<ChatRequest, ApiError> {
+    let mut body = parse_body(bytes)?;
+    let messages = take_messages(&mut body, max_messages)?;
+    Ok(ChatRequest { body, messages })
+}
+
+/// With a session, a streamed reply is recorded as the text that went out
+/// to the client, which for a barge-in is what the user heard. With
+/// `n > 1` several choices stream interleaved and no single text went
+/// out, so such a request is refused rather than recorded wrongly. (A
+/// request without a session records nothing and is passed through.)
+fn one_streamed_choice(body: &Map<String, Value>) -> Result<(), ApiError> {
+    let streamed = body.get("stream") == Some(&Value::Bool(true));
+    let n = body.get("n").and_then(Value::as_f64).unwrap_or(1.0);
+    if streamed && n > 1.0 {
+        return Err(RequestError::invalid(
+            "`n` greater than 1 cannot be streamed in a session: recall records one reply per turn (send `stream: false`, or no session id)",
+            Some("n"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(map)) => Ok(map),
@@ -352,8 +393,29 @@ fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
 
 /// Takes `messages` out of the body; `vendor::rewrite` writes the new list
 /// in the same place.
-fn take_messages(body: &mut Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+fn take_messages(
+    body: &mut Map<String, Value>,
+    max_messages: usize,
+) -> Result<Vec<Message>, ApiError> {
     match body.get_mut("messages") {
+        // OpenAI's own answers to these two, word for word where it has one.
+        Some(Value::Array(list)) if list.is_empty() => Err(RequestError::invalid_code(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+            Some("messages"),
+            "empty_array",
+        )
+        .into()),
+        Some(Value::Array(list)) if list.len() > max_messages => {
+            Err(RequestError::invalid_code(
+                format!(
+                    "Invalid 'messages': array too long. Expected an array with maximum length {max_messages} (server.max_request_messages), but got an array with length {} instead.",
+                    list.len()
+                ),
+                Some("messages"),
+                "array_above_max_length",
+            )
+            .into())
+        }
         Some(Value::Array(list)) => Ok(parse_messages(std::mem::take(list))?),
         Some(_) => {
             Err(RequestError::invalid("`messages` must be an array", Some("messages")).into())
@@ -370,13 +432,13 @@ fn take_messages(body: &mut Map<String, Value>) -> Result<Vec<Message>, ApiError
 /// top-level `session_id` field in the body.
 fn session_id(
     app: &App,
-    path: Option<&HashMap<String, String>>,
+    path: &HashMap<String, String>,
     headers: &HeaderMap,
     body: &Map<String, Value>,
 ) -> Result<Option<String>, ApiError> {
     let header = &app.config.session.header;
-    let found = if let Some(id) = path.and_then(|p| p.get("session_id")) {
-        Some((id.clone(), "path"))
+    let found = if let Some(id) = path.get("session_id") {
+        Some((id.clone(), "session_id"))
     } else if let Some(value) = headers.get(header.as_str()) {
         let id = value.to_str().map_err(|_| {
             RequestError::invalid(

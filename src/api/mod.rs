@@ -7,9 +7,15 @@ pub mod observe;
 mod sessions;
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use std::collections::HashMap;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::path::ErrorKind;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -17,7 +23,10 @@ use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
+
+pub use chat::{parse_request, ChatRequest};
 
 use crate::app::App;
 use crate::auth::Access;
@@ -165,10 +174,68 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     .into()
 }
 
-/// Reads a request body of at most `limit` bytes.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+/// The path's parameters (`{session_id}`, `{model}`), percent-decoded. A
+/// parameter that does not decode to UTF-8 gets recall's OpenAI-shaped 400,
+/// naming it in `param`, not axum's plain-text one, like every other bad
+/// input.
+pub struct PathParams(pub HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathParams {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Option::<Path<HashMap<String, String>>>::from_request_parts(parts, state).await {
+            Ok(params) => Ok(PathParams(params.map(|p| p.0).unwrap_or_default())),
+            Err(rejection) => {
+                let param = match &rejection {
+                    PathRejection::FailedToDeserializePathParams(e) => match e.kind() {
+                        ErrorKind::InvalidUtf8InPathParam { key } => Some(key.clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                Err(RequestError::invalid(
+                    format!("the URL path is invalid: {}", rejection.body_text()),
+                    param.as_deref(),
+                )
+                .into())
+            }
+        }
+    }
+}
+
+/// A query string (`?limit=...`) deserialised into `T`, with an
+/// OpenAI-shaped 400 naming the problem when it does not fit.
+pub struct QueryParams<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(q)) => Ok(QueryParams(q)),
+            Err(rejection) => Err(RequestError::invalid(
+                format!("the query string is invalid: {}", rejection.body_text()),
+                None,
+            )
+            .into()),
+        }
+    }
+}
+
+/// Reads a request body of at most `server.max_body_bytes`, which must
+/// arrive whole within `server.request_body_timeout_secs`: a client that
+/// never finishes its body (a chunked upload left open) gets a 408 instead
+/// of holding its connection and this task for ever.
+async fn read_body(app: &App, body: Body) -> Result<Bytes, ApiError> {
+    let limit = app.config.server.max_body_bytes;
+    let secs = app.config.server.request_body_timeout_secs;
     let limited = http_body_util::Limited::new(body, limit);
-    match limited.collect().await {
+    let collected = tokio::time::timeout(Duration::from_secs(secs), limited.collect()).await;
+    let Ok(collected) = collected else {
+        return Err(RequestError::BodyTimeout { secs }.into());
+    };
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(RequestError::TooLarge { limit }.into())

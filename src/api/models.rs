@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 
+use super::PathParams;
 use crate::app::App;
-use crate::error::{ApiError, UpstreamError};
+use crate::error::{ApiError, RequestError, UpstreamError};
 use crate::upstream::relayed_response_headers;
 
 pub async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
@@ -17,11 +18,34 @@ pub async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Res
 
 pub async fn retrieve(
     State(app): State<Arc<App>>,
-    Path(params): Path<std::collections::HashMap<String, String>>,
+    PathParams(params): PathParams,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let model = params.get("model").map(String::as_str).unwrap_or_default();
+    check_model_path(model)?;
     forward(&app, &format!("/models/{model}"), &headers).await
+}
+
+/// The model id goes into the upstream URL, sent with the upstream's API
+/// key. Ids may hold `/` (`org/model` at many vendors), but a `.` or `..`
+/// segment would walk the URL up out of `/models` (URLs normalise them,
+/// percent-encoded or not), and `?`, `#`, `%` or `\` would change what the
+/// URL means: such ids are refused rather than rewritten.
+fn check_model_path(model: &str) -> Result<(), ApiError> {
+    let bad_segment = model
+        .split('/')
+        .any(|s| s.is_empty() || s == "." || s == "..");
+    let bad_char = model
+        .chars()
+        .any(|c| !c.is_ascii_graphic() || matches!(c, '?' | '#' | '%' | '\\'));
+    if bad_segment || bad_char {
+        return Err(RequestError::invalid(
+            "the model id in the path must be visible ASCII without `?`, `#`, `%` or `\\`, and no `.`, `..` or empty segment",
+            Some("model"),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 async fn forward(app: &App, path: &str, headers: &HeaderMap) -> Result<Response, ApiError> {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::response::IntoResponse;
 use axum::Extension;
@@ -14,6 +14,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::QueryParams;
 use crate::app::App;
 use crate::auth::Access;
 use crate::config::OnNewRequest;
@@ -170,8 +171,8 @@ fn refused(target: &Target, r: Refused) -> ApiError {
     }
 }
 
-async fn json_body(body: Body, limit: usize) -> Result<Value, ApiError> {
-    let bytes = super::read_body(body, limit).await?;
+async fn json_body(app: &App, body: Body) -> Result<Value, ApiError> {
+    let bytes = super::read_body(app, body).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
     }
@@ -226,7 +227,7 @@ pub struct ListQuery {
 pub async fn list(
     State(app): State<Arc<App>>,
     access: Option<Extension<Access>>,
-    Query(q): Query<ListQuery>,
+    QueryParams(q): QueryParams<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let access = access.map_or(Access::All, |Extension(a)| a);
     let limit = q.limit.unwrap_or(20).clamp(1, 1000);
@@ -297,7 +298,7 @@ pub struct HistoryQuery {
 pub async fn history(
     State(app): State<Arc<App>>,
     target: Target,
-    Query(q): Query<HistoryQuery>,
+    QueryParams(q): QueryParams<HistoryQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     let openai = match q.format.as_deref() {
         None | Some("full") => false,
@@ -355,7 +356,7 @@ pub async fn replace_history(
     target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let body = json_body(body, app.config.server.max_body_bytes).await?;
+    let body = json_body(&app, body).await?;
     let messages = message_list(body, &["contents", "messages"])?;
     no_instructions(&messages)?;
     let (_, count) = write(&app, &target, true, Turns::Interrupt, |s| {
@@ -374,7 +375,7 @@ pub async fn append(
     target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let body = json_body(body, app.config.server.max_body_bytes).await?;
+    let body = json_body(&app, body).await?;
     let messages = message_list(body, &["messages"])?;
     no_instructions(&messages)?;
     let (_, stored) = write(&app, &target, true, Turns::AsConfigured, |s| {
@@ -413,7 +414,7 @@ pub async fn set_system_messages(
     target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let body = json_body(body, app.config.server.max_body_bytes).await?;
+    let body = json_body(&app, body).await?;
     let messages = message_list(body, &["system_messages"])?;
     if let Some(i) = messages.iter().position(|m| !m.is_instruction()) {
         return Err(RequestError::invalid(
@@ -470,7 +471,7 @@ pub async fn interrupt(
     target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let body = json_body(body, app.config.server.max_body_bytes).await?;
+    let body = json_body(&app, body).await?;
     let parsed: InterruptBody = match body {
         Value::Null => InterruptBody::default(),
         other => serde_json::from_value(other).map_err(|e| {

@@ -1,0 +1,171 @@
+//! Entry points for the fuzz targets in `fuzz/` and for `tests/fuzz_corpus.rs`,
+//! which replays their seed corpora and every crasher found so far. Each
+//! takes raw bytes, drives the same code a request or a config file goes
+//! through, and panics only when an invariant of that code is broken.
+//!
+//! Not an API: hidden from the docs, and it changes with the code it drives.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::accumulate::{self, Event, ReplyAccumulator};
+use crate::config::{Config, InterruptedRendering};
+use crate::interruption::{self, Spoken};
+use crate::message::Message;
+use crate::vendor::{self, TurnInfo, VendorRules};
+use crate::window::{self, Limits};
+use crate::{reconcile, turns};
+
+/// An upstream's SSE stream, cut into reads the way the network may cut it:
+/// the first byte sets the read size (1 to 64 bytes), the rest is the
+/// stream. What the relay remembers must not depend on where reads end, and
+/// whatever arrives must give a message that serialises.
+pub fn sse_accumulator(data: &[u8]) {
+    let Some((&first, stream)) = data.split_first() else {
+        return;
+    };
+    let read = usize::from(first % 64) + 1;
+    let mut pieces = ReplyAccumulator::default();
+    let mut parser = sse_parse::SseParser::new();
+    for chunk in stream.chunks(read) {
+        parser.feed(chunk);
+        while let Some(event) = parser.next_event() {
+            let event = Event::parse(&event.data);
+            let _ = event.carries_content();
+            pieces.push(&event);
+        }
+    }
+    let mut whole = ReplyAccumulator::default();
+    let mut parser = sse_parse::SseParser::new();
+    parser.feed(stream);
+    while let Some(event) = parser.next_event() {
+        whole.push_data(&event.data);
+    }
+    assert_eq!(pieces.content(), whole.content(), "reads changed the text");
+    assert_eq!(pieces.to_message(), whole.to_message());
+    assert_eq!(pieces.is_complete(), whole.is_complete());
+    let message = pieces.to_message();
+    assert!(serde_json::to_vec(&message).is_ok());
+    let _ = message.to_openai();
+
+    // The same bytes as a non-streaming completion body.
+    if let Ok(body) = serde_json::from_slice::<Value>(stream) {
+        let _ = accumulate::finish_reason(&body);
+        if let Some(m) = accumulate::message_from_completion(&body) {
+            assert!(serde_json::to_vec(&m).is_ok());
+        }
+    }
+}
+
+/// A chat request body, through the checks of `POST /v1/chat/completions`
+/// and then through what a turn does with it: the request's conversation
+/// is split into a stored history and the messages sent now (the split
+/// points come from the input's length, so the fuzzer controls them),
+/// reconciled, stamped, appended, trimmed, windowed and rewritten for the
+/// upstream, as `Session::append` and `vendor::rewrite` do.
+pub fn request_reconcile(data: &[u8]) {
+    let request = match crate::api::parse_request(data, 2048) {
+        Ok(r) => r,
+        Err(e) => {
+            // The answer to a refused request must be buildable.
+            let _ = axum::response::IntoResponse::into_response(e);
+            return;
+        }
+    };
+    let (instructions, conversation): (Vec<Message>, Vec<Message>) = request
+        .messages
+        .into_iter()
+        .partition(Message::is_instruction);
+    let n = conversation.len();
+    let split = data.len() % (n + 1);
+    let resent_from = (data.len() / 7) % (split + 1);
+    let front_dropped = data.len() % 2 == 1;
+    let mut history: Vec<Message> = conversation[..split].to_vec();
+    let incoming = &conversation[resent_from..];
+
+    let found = reconcile::reconcile(&history, incoming, front_dropped);
+    assert!(found.overlap <= incoming.len(), "overlap past the request");
+    for (i, heard) in &found.shortened {
+        let stored = history.get_mut(*i).expect("shortened index in the history");
+        assert_eq!(stored.role, "assistant", "only replies are shortened");
+        interruption::mark_stored(stored, Some(&Spoken::Text(heard.clone())), 1);
+    }
+    let mut new = incoming[found.overlap..].to_vec();
+    let turn_before = history.iter().filter_map(|m| m.turn_id).max().unwrap_or(0);
+    let turn = turns::stamp_client_messages(&mut new, turn_before, history.last(), 2);
+    assert!(turn >= turn_before, "the turn went backwards");
+    history.extend(new);
+
+    let max = usize::from(data.first().copied().unwrap_or(0) % 8);
+    let drop = window::keep_start(&history, max);
+    assert!(drop <= history.len());
+    history.drain(..drop);
+    let total: usize = history.iter().map(Message::byte_cost).sum();
+    let drop = window::keep_start_bytes(&history, total, data.len() % 512);
+    assert!(drop <= history.len());
+    history.drain(..drop);
+    let limits = Limits {
+        messages: usize::from(data.last().copied().unwrap_or(0) % 6),
+        chars: data.len() % 97,
+        ..Limits::default()
+    };
+    let cut = window::window(&history, limits);
+    let start = cut.start;
+    assert!(start <= history.len());
+    if let Some(first) = history.get(start) {
+        assert!(!first.is_tool_result(), "a window began with a tool result");
+    }
+    assert!(cut.reason.is_none() || start > 0, "a reason without a cut");
+
+    for custom in [false, true] {
+        let rules = VendorRules {
+            custom,
+            interruptable: true,
+            strip_fields: vec!["user".into()],
+            interrupted: [
+                InterruptedRendering::Truncated,
+                InterruptedRendering::Original,
+                InterruptedRendering::Annotated,
+            ][data.len() % 3],
+            interrupted_marker: " [cut]".into(),
+        };
+        let body: Map<String, Value> = request.body.clone();
+        let sent = vendor::rewrite(
+            &rules,
+            &body,
+            &instructions,
+            &history[start..],
+            Some(TurnInfo { turn_id: turn }),
+            3,
+        )
+        .expect("the upstream body serialises");
+        // What goes upstream is JSON that an OpenAI-compatible server (or
+        // recall itself) can parse back.
+        serde_json::from_slice::<Value>(&sent).expect("the upstream body parses back");
+    }
+    // Storage writes each message as JSON and reads it back.
+    for m in &history {
+        let text = serde_json::to_string(m).expect("a message serialises");
+        let back: Message = serde_json::from_str(&text).expect("a stored message reads back");
+        assert_eq!(back.role, m.role);
+        assert_eq!(back.turn_id, m.turn_id);
+        assert_eq!(back.tool_call_id(), m.tool_call_id());
+    }
+}
+
+/// A config file: parsed and validated as at start-up; a config that loads
+/// must print (`recall check`) as TOML that loads again.
+pub fn config_load(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let path = Path::new("fuzz.toml");
+    let Ok(config) = Config::parse(text, path) else {
+        return;
+    };
+    let printed = config.masked_toml();
+    if let Err(e) = Config::parse(&printed, path) {
+        panic!("`recall check` printed a config that does not load: {e}\n{printed}");
+    }
+}
