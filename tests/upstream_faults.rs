@@ -231,7 +231,8 @@ async fn each_upstream_fault_gets_a_clear_answer_and_keeps_the_users_message() {
     }
     // Nothing keeps running: relay tasks and drains have ended (a few pool
     // tasks may come and go; one per case would be a leak).
-    let deadline = Instant::now() + Duration::from_secs(3);
+    // Generous: on a loaded machine drains and pool tasks end late.
+    let deadline = Instant::now() + Duration::from_secs(15);
     while tasks() > before + 3 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
