@@ -364,15 +364,15 @@ for (const kind of UPSTREAMS) {
       await assert.rejects(say(client({ header: 'bad id' }), 'hello', { stream: false }), (e) => {
         assert.ok(e instanceof OpenAI.BadRequestError, e);
         assert.equal(e.status, 400);
-        assert.match(e.message, /session id must be/);
+        assert.match(e.message, /a session id is 1 to 128 characters/);
         assert.equal(e.type, 'invalid_request_error');
         assert.equal(e.param, 'x-session-id');
         return true;
       });
       await assert.rejects(say(client({ path: 'bad%01id' }), 'hello', { stream: true }), (e) => {
         assert.ok(e instanceof OpenAI.BadRequestError, e);
-        assert.match(e.message, /session id must be/);
-        assert.equal(e.param, 'path');
+        assert.match(e.message, /a session id is 1 to 128 characters/);
+        assert.equal(e.param, 'session_id');
         return true;
       });
       assert.deepEqual(await stack.received(), []);
