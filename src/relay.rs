@@ -60,6 +60,18 @@ struct Timing {
 }
 
 impl Exchange {
+    /// The chat completion call to the current upstream, until its head.
+    async fn call(&self) -> Result<reqwest::Response, UpstreamError> {
+        self.upstream
+            .send(
+                Method::POST,
+                "/chat/completions",
+                &self.client_headers,
+                Some(self.body.clone()),
+            )
+            .await
+    }
+
     fn answered(&self, called: Instant) -> Timing {
         let answered = Instant::now();
         self.metrics
@@ -117,13 +129,7 @@ impl Drop for GoneGuard {
 async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
     let mut watch = CutWatch::new(&ex);
     let mut called = Instant::now();
-    let sent = ex.upstream.send(
-        Method::POST,
-        "/chat/completions",
-        &ex.client_headers,
-        Some(ex.body.clone()),
-    );
-    let mut outcome = watch.run(sent).await;
+    let mut outcome = watch.run(ex.call()).await;
     if let Some((fallback, body)) = ex.fallback.take() {
         let retry = match &outcome {
             Some(Err(UpstreamError::Unreachable { .. })) => true,
@@ -137,13 +143,7 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
             ex.upstream = fallback;
             ex.body = body;
             called = Instant::now();
-            let sent = ex.upstream.send(
-                Method::POST,
-                "/chat/completions",
-                &ex.client_headers,
-                Some(ex.body.clone()),
-            );
-            outcome = watch.run(sent).await;
+            outcome = watch.run(ex.call()).await;
         }
     }
     let resp = match outcome {

@@ -115,9 +115,7 @@ pub fn keep_start<H: Borrow<Message>>(history: &[H], max: usize) -> usize {
         return 0;
     }
     let floor = protected_start(history);
-    (history.len() - max..floor)
-        .find(|&i| can_start_at(history, i))
-        .unwrap_or(floor)
+    first_start_from(history, history.len() - max, floor)
 }
 
 /// How many of the oldest messages to drop so that the rest hold at most
@@ -135,7 +133,13 @@ pub fn keep_start_bytes<H: Borrow<Message>>(history: &[H], total: usize, max: us
         excess = excess.saturating_sub(history[first_kept].borrow().byte_cost());
         first_kept += 1;
     }
-    (first_kept..floor)
+    first_start_from(history, first_kept, floor)
+}
+
+/// The first place from `from` on where the kept history may begin; never
+/// past `floor`, the newest turn.
+fn first_start_from<H: Borrow<Message>>(history: &[H], from: usize, floor: usize) -> usize {
+    (from..floor)
         .find(|&i| can_start_at(history, i))
         .unwrap_or(floor)
 }
