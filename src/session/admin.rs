@@ -98,7 +98,7 @@ impl Session {
         }];
         ops.extend((0..st.messages.len()).map(|i| self.push_op(&st, i)));
         self.trim(&mut st, policy, &mut ops);
-        Ok((st.messages.len(), self.persist(&st, policy, ops)))
+        Ok((st.messages.len(), self.persist(&mut st, policy, ops)))
     }
 
     /// Appends messages without calling the model: a greeting, an
@@ -125,7 +125,7 @@ impl Session {
             .map(|i| self.push_op(&st, i))
             .collect();
         self.trim(&mut st, policy, &mut ops);
-        Ok((messages, self.persist(&st, policy, ops)))
+        Ok((messages, self.persist(&mut st, policy, ops)))
     }
 
     /// Clears the history; the session and its system messages stay.
@@ -140,7 +140,7 @@ impl Session {
         let ops = vec![Op::Clear {
             id: self.id.clone(),
         }];
-        Ok((cleared, self.persist(&st, policy, ops)))
+        Ok((cleared, self.persist(&mut st, policy, ops)))
     }
 
     pub fn system_messages(&self) -> Vec<Message> {
@@ -159,7 +159,8 @@ impl Session {
         }
         self.touch(now_ms);
         st.system_messages = messages;
-        Ok(self.persist(&st, policy, Vec::new()))
+        st.meta_changed();
+        Ok(self.persist(&mut st, policy, Vec::new()))
     }
 
     /// Ends the session: a reply in flight is recorded as interrupted, and

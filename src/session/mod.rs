@@ -93,6 +93,21 @@ struct State {
     /// What the messages hold, by `Message::byte_cost`, kept up to date
     /// with every change so that `max_bytes` never sums a whole history.
     bytes: usize,
+    /// What storage holds of the meta, so that a turn writes only what it
+    /// changed.
+    saved: Saved,
+}
+
+/// The meta as last sent to storage. Users and system messages can be
+/// kilobytes (a long system prompt) and rarely change, so they are written
+/// only when they do; the turn number and the first sequence number are
+/// written when they move, which is at most once per turn.
+#[derive(Debug, Clone, Copy, Default)]
+struct Saved {
+    /// Users and system messages are stored as they are here.
+    whole: bool,
+    turn_id: u64,
+    first_seq: u64,
 }
 
 impl State {
@@ -108,13 +123,25 @@ impl State {
             incarnation: next_incarnation(),
             window_from: meta.first_seq,
             bytes: 0,
+            saved: Saved::default(),
         }
     }
 
+    /// A session as storage holds it.
     fn with_messages(meta: Meta, messages: Vec<Message>) -> Self {
         let mut st = Self::new(meta);
         st.replace_messages(shared(messages));
+        st.saved = Saved {
+            whole: true,
+            turn_id: st.turn_id,
+            first_seq: st.first_seq,
+        };
         st
+    }
+
+    /// Users or system messages changed: the next write carries them.
+    fn meta_changed(&mut self) {
+        self.saved.whole = false;
     }
 
     // Every change to `messages` goes through these, which keep `bytes`.
@@ -258,19 +285,40 @@ impl Session {
         }
     }
 
-    /// Sends the changes made under `st` to storage, with the session's
-    /// meta, in the order they were made (the caller still holds the lock).
-    fn persist(&self, st: &State, policy: &Policy, mut ops: Vec<Op>) -> Ticket {
+    /// Sends the changes made under `st` to storage, in the order they
+    /// were made, preceded by what changed of the session's meta (the
+    /// caller still holds the lock).
+    fn persist(&self, st: &mut State, policy: &Policy, mut ops: Vec<Op>) -> Ticket {
         if !policy.storage.persistent() {
             return Ticket::ready();
         }
-        ops.insert(
-            0,
-            Op::Save {
+        let moved = st.turn_id != st.saved.turn_id || st.first_seq != st.saved.first_seq;
+        let meta = if !st.saved.whole {
+            Some(Op::Save {
                 id: self.id.clone(),
                 meta: self.meta(st),
-            },
-        );
+            })
+        } else if moved {
+            Some(Op::Touch {
+                id: self.id.clone(),
+                last_active_ms: self.last_active_ms(),
+                turn_id: st.turn_id,
+                first_seq: st.first_seq,
+            })
+        } else {
+            None
+        };
+        if let Some(op) = meta {
+            ops.insert(0, op);
+            st.saved = Saved {
+                whole: true,
+                turn_id: st.turn_id,
+                first_seq: st.first_seq,
+            };
+        }
+        if ops.is_empty() {
+            return Ticket::ready();
+        }
         policy.storage.submit(ops)
     }
 
@@ -342,6 +390,7 @@ impl Session {
         if let Some(user) = user {
             if !st.users.iter().any(|u| u == user) {
                 st.users.push(user.to_owned());
+                st.meta_changed();
             }
         }
         self.touch(now_ms);
@@ -512,7 +561,7 @@ impl Session {
         {
             st.active = None;
         }
-        let ticket = self.persist(&st, policy, ops);
+        let ticket = self.persist(&mut st, policy, ops);
         (seq, ticket)
     }
 
@@ -533,7 +582,7 @@ impl Session {
         };
         st.edit_message(index, change);
         let op = self.set_op(&st, index);
-        self.persist(&st, policy, vec![op])
+        self.persist(&mut st, policy, vec![op])
     }
 
     /// Frees the turn slot if `flight` still holds it (it always gives it up
@@ -568,6 +617,6 @@ impl Session {
             m.clone()
         });
         let op = self.set_op(&st, last);
-        Interrupted::Stored(record, self.persist(&st, policy, vec![op]))
+        Interrupted::Stored(record, self.persist(&mut st, policy, vec![op]))
     }
 }

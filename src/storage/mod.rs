@@ -73,6 +73,14 @@ pub struct Listed {
 pub enum Op {
     /// Creates the session or replaces its meta.
     Save { id: String, meta: Meta },
+    /// Updates the fields of a saved session's meta that move with its
+    /// turns, leaving its users and system messages as they are.
+    Touch {
+        id: String,
+        last_active_ms: i64,
+        turn_id: u64,
+        first_seq: u64,
+    },
     /// Stores a new message under its sequence number.
     Push {
         id: String,

@@ -496,6 +496,28 @@ async fn apply(
                 }
                 touched.push(id);
             }
+            Op::Touch {
+                id,
+                last_active_ms,
+                turn_id,
+                first_seq,
+            } => {
+                pipe.cmd("HSET")
+                    .arg(key("s", id))
+                    .arg("last_active_ms")
+                    .arg(*last_active_ms)
+                    .arg("turn_id")
+                    .arg(*turn_id)
+                    .arg("first_seq")
+                    .arg(*first_seq)
+                    .ignore();
+                pipe.cmd("ZADD")
+                    .arg(format!("{prefix}:active"))
+                    .arg(*last_active_ms)
+                    .arg(id)
+                    .ignore();
+                touched.push(id);
+            }
             Op::Push { id, seq, message } => {
                 pipe.cmd("HSET")
                     .arg(key("m", id))

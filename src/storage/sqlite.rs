@@ -3,6 +3,7 @@
 //! separate connection for reads, which WAL lets run beside the writer.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::histogram::Histogram;
@@ -15,6 +16,33 @@ use crate::message::Message;
 
 /// Batches larger than this are split, to bound one transaction's size.
 const MAX_BATCH_OPS: usize = 4096;
+
+/// Pages of a new database. A turn dirties a handful of pages (a message
+/// leaf, the session's row, its place in the activity index), each
+/// written whole to the WAL and again by the checkpoint; at 1 KiB rather
+/// than SQLite's 4 KiB a turn wrote 15 KB instead of 38 KB.
+const PAGE_SIZE: i64 = 1024;
+
+/// When the WAL is copied back and started over (see `checkpoint_loop`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WalLimits {
+    /// WAL pages after which the writer is asked to let it start over.
+    pub restart_pages: i64,
+    /// How large a WAL file is kept for reuse when it starts over.
+    pub keep_bytes: i64,
+    /// How often the checkpoint thread copies the WAL back.
+    pub every: std::time::Duration,
+}
+
+impl Default for WalLimits {
+    fn default() -> Self {
+        Self {
+            restart_pages: 16384,
+            keep_bytes: 32 << 20,
+            every: std::time::Duration::from_millis(50),
+        }
+    }
+}
 
 /// Schema versions, applied in order; `PRAGMA user_version` says how many
 /// have run. Never edit one that has shipped: add the next.
@@ -41,7 +69,33 @@ const MIGRATIONS: &[&str] = &[
          id TEXT PRIMARY KEY,
          body TEXT NOT NULL
      );",
+    // 3: what moves with every turn, in a small row of its own, so that a
+    // turn does not rewrite the users and system messages (a long system
+    // prompt) beside it.
+    "CREATE TABLE session_state (
+         id TEXT PRIMARY KEY,
+         last_active_ms INTEGER NOT NULL,
+         turn_id INTEGER NOT NULL,
+         first_seq INTEGER NOT NULL
+     ) WITHOUT ROWID;
+     INSERT INTO session_state SELECT id, last_active_ms, turn_id, first_seq FROM sessions;
+     DROP INDEX sessions_by_activity;
+     ALTER TABLE sessions DROP COLUMN last_active_ms;
+     ALTER TABLE sessions DROP COLUMN turn_id;
+     ALTER TABLE sessions DROP COLUMN first_seq;
+     CREATE INDEX session_state_by_activity ON session_state (last_active_ms);",
 ];
+
+/// What the writer and the checkpoint thread tell each other.
+#[derive(Default)]
+struct Signals {
+    /// The WAL has grown past its limit and the checkpoint thread has just
+    /// copied nearly all of it back.
+    restart: AtomicBool,
+    /// The writer has stopped (the storage was dropped): so does the
+    /// checkpoint thread.
+    stopped: AtomicBool,
+}
 
 pub struct Sqlite {
     tx: mpsc::UnboundedSender<Batch>,
@@ -50,6 +104,14 @@ pub struct Sqlite {
 
 impl Sqlite {
     pub async fn open(config: &StorageConfig, writes: Histogram) -> Result<Self, StorageError> {
+        Self::open_with(config, writes, WalLimits::default()).await
+    }
+
+    pub(crate) async fn open_with(
+        config: &StorageConfig,
+        writes: Histogram,
+        wal: WalLimits,
+    ) -> Result<Self, StorageError> {
         let path = config.path.clone();
         let sync = config.sync;
         let (writer, reader) = tokio::task::spawn_blocking(move || -> Result<_, StorageError> {
@@ -72,10 +134,14 @@ impl Sqlite {
                 },
             )?;
             migrate(&writer)?;
-            // Checkpoints copy the WAL back into the database and sync it:
-            // on the writer they would stall every commit queued behind
-            // them, so a thread of their own does them.
+            // Checkpoints copy the WAL back into the database and sync
+            // both, which on the writer would stall every commit queued
+            // behind it, so a thread of its own does them (see
+            // `checkpoint_loop` for how the WAL still gets to start over).
             writer.pragma_update(None, "wal_autocheckpoint", 0)?;
+            // A WAL that did grow (a reader held it) is cut back when it
+            // starts over.
+            writer.pragma_update(None, "journal_size_limit", wal.keep_bytes)?;
             let reader = connect(&path)?;
             let checkpointer = connect(&path)?;
             Ok((writer, (reader, checkpointer)))
@@ -85,13 +151,15 @@ impl Sqlite {
         let (reader, checkpointer) = reader;
 
         let (tx, rx) = mpsc::unbounded_channel();
+        let signals = Arc::new(Signals::default());
+        let theirs = Arc::clone(&signals);
         std::thread::Builder::new()
             .name("recall-sqlite-checkpoint".into())
-            .spawn(move || checkpoint_loop(checkpointer))
+            .spawn(move || checkpoint_loop(checkpointer, wal, &theirs))
             .map_err(|e| StorageError::Task(e.to_string()))?;
         std::thread::Builder::new()
             .name("recall-sqlite-writer".into())
-            .spawn(move || write_loop(writer, rx, writes))
+            .spawn(move || write_loop(writer, rx, writes, &signals))
             .map_err(|e| StorageError::Task(e.to_string()))?;
         tracing::info!(path = %config.path, "sqlite storage open");
         Ok(Self {
@@ -130,8 +198,9 @@ impl Sqlite {
         self.read(move |conn| {
             let Some(meta) = conn
                 .query_row(
-                    "SELECT created_ms, last_active_ms, turn_id, first_seq, users, system_messages
-                     FROM sessions WHERE id = ?1",
+                    "SELECT s.created_ms, t.last_active_ms, t.turn_id, t.first_seq, s.users,
+                            s.system_messages
+                     FROM sessions s JOIN session_state t ON t.id = s.id WHERE s.id = ?1",
                     [&id],
                     meta_from_row,
                 )
@@ -165,12 +234,13 @@ impl Sqlite {
         let user = user.map(str::to_owned);
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(
-                "SELECT id, created_ms, last_active_ms, turn_id, first_seq, users, system_messages,
-                        (SELECT COUNT(*) FROM messages WHERE session_id = sessions.id)
-                 FROM sessions
-                 WHERE id > ?1
-                   AND (?2 IS NULL OR EXISTS (SELECT 1 FROM json_each(sessions.users) WHERE value = ?2))
-                 ORDER BY id LIMIT ?3",
+                "SELECT s.id, s.created_ms, t.last_active_ms, t.turn_id, t.first_seq, s.users,
+                        s.system_messages,
+                        (SELECT COUNT(*) FROM messages WHERE session_id = s.id)
+                 FROM sessions s JOIN session_state t ON t.id = s.id
+                 WHERE s.id > ?1
+                   AND (?2 IS NULL OR EXISTS (SELECT 1 FROM json_each(s.users) WHERE value = ?2))
+                 ORDER BY s.id LIMIT ?3",
             )?;
             let rows = stmt.query_map(params![after, user, limit as i64], |row| {
                 let id: String = row.get(0)?;
@@ -214,7 +284,8 @@ impl Sqlite {
     pub async fn idle(&self, cutoff_ms: i64, limit: usize) -> Result<Vec<String>, StorageError> {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(
-                "SELECT id FROM sessions WHERE last_active_ms < ?1 ORDER BY last_active_ms LIMIT ?2",
+                "SELECT id FROM session_state WHERE last_active_ms < ?1
+                 ORDER BY last_active_ms LIMIT ?2",
             )?;
             let ids = stmt
                 .query_map(params![cutoff_ms, limit as i64], |r| r.get(0))?
@@ -225,13 +296,27 @@ impl Sqlite {
     }
 }
 
-/// Moves committed pages from the WAL into the database once a second,
-/// without blocking the writer (PASSIVE), for as long as the process runs.
-fn checkpoint_loop(conn: Connection) {
-    loop {
-        std::thread::sleep(std::time::Duration::from_secs(1));
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(error = %e, "sqlite checkpoint failed");
+/// Moves committed pages from the WAL into the database, without blocking
+/// the writer (PASSIVE), for as long as the process runs.
+///
+/// The WAL only starts over from its beginning when a write finds it
+/// wholly copied back, which a checkpoint running beside a busy writer
+/// never achieves: left to this thread alone, the WAL grew by gigabytes a
+/// minute under load. Nor may the writer checkpoint on its own schedule:
+/// a checkpoint syncs what it copies, and one over a large WAL stalled
+/// every queued commit for 10 to 40 ms. So once the WAL is large, right
+/// after a pass (when what is left to copy and sync is only what was
+/// written during it) this thread asks the writer for a checkpoint, which
+/// then costs about a millisecond and lets the WAL start over.
+fn checkpoint_loop(conn: Connection, wal: WalLimits, signals: &Signals) {
+    while !signals.stopped.load(Ordering::Relaxed) {
+        std::thread::sleep(wal.every);
+        match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1)) {
+            Ok(pages) if pages >= wal.restart_pages => {
+                signals.restart.store(true, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "sqlite checkpoint failed"),
         }
     }
 }
@@ -239,6 +324,9 @@ fn checkpoint_loop(conn: Connection) {
 fn connect(path: &str) -> Result<Connection, StorageError> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // Takes effect only on a new database, so it must come before WAL mode
+    // writes the file's header; an existing database keeps its own.
+    conn.pragma_update(None, "page_size", PAGE_SIZE)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     Ok(conn)
 }
@@ -288,11 +376,21 @@ fn meta_from_row_at(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Meta
 
 /// The writer thread: take what has queued up, commit it as one
 /// transaction, then tell every waiter.
-fn write_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Batch>, writes: Histogram) {
+fn write_loop(
+    mut conn: Connection,
+    mut rx: mpsc::UnboundedReceiver<Batch>,
+    writes: Histogram,
+    signals: &Signals,
+) {
     raise_priority();
     while let Some(first) = rx.blocking_recv() {
-        let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
         let started = std::time::Instant::now();
+        if signals.restart.swap(false, Ordering::Relaxed) {
+            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                tracing::warn!(error = %e, "sqlite checkpoint failed");
+            }
+        }
+        let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
         let result = apply(&mut conn, &batches);
         writes.observe(started.elapsed().as_secs_f64());
         let result = result.map_err(|e| {
@@ -301,6 +399,7 @@ fn write_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Batch>, writ
         });
         super::settle(batches, &result);
     }
+    signals.stopped.store(true, Ordering::Relaxed);
     tracing::debug!("sqlite writer stopped");
 }
 
@@ -329,19 +428,39 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
                 let system =
                     serde_json::to_string(&meta.system_messages).unwrap_or_else(|_| "[]".into());
                 tx.prepare_cached(
-                    "INSERT INTO sessions (id, created_ms, last_active_ms, turn_id, first_seq, users, system_messages)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                     ON CONFLICT (id) DO UPDATE SET last_active_ms = ?3, turn_id = ?4, first_seq = ?5,
-                         users = ?6, system_messages = ?7",
+                    "INSERT INTO sessions (id, created_ms, users, system_messages)
+                     VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (id) DO UPDATE SET users = ?3, system_messages = ?4",
+                )?
+                .execute(params![id, meta.created_ms, users, system])?;
+                tx.prepare_cached(
+                    "INSERT INTO session_state (id, last_active_ms, turn_id, first_seq)
+                     VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (id) DO UPDATE SET last_active_ms = ?2, turn_id = ?3,
+                         first_seq = ?4",
                 )?
                 .execute(params![
                     id,
-                    meta.created_ms,
                     meta.last_active_ms,
                     meta.turn_id as i64,
-                    meta.first_seq as i64,
-                    users,
-                    system
+                    meta.first_seq as i64
+                ])?;
+            }
+            Op::Touch {
+                id,
+                last_active_ms,
+                turn_id,
+                first_seq,
+            } => {
+                tx.prepare_cached(
+                    "UPDATE session_state SET last_active_ms = ?2, turn_id = ?3, first_seq = ?4
+                     WHERE id = ?1",
+                )?
+                .execute(params![
+                    id,
+                    last_active_ms,
+                    *turn_id as i64,
+                    *first_seq as i64
                 ])?;
             }
             Op::Push { id, seq, message } => {
@@ -368,6 +487,8 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
             Op::Delete { id, .. } => {
                 tx.prepare_cached("DELETE FROM messages WHERE session_id = ?1")?
                     .execute([id])?;
+                tx.prepare_cached("DELETE FROM session_state WHERE id = ?1")?
+                    .execute([id])?;
                 tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
                     .execute([id])?;
             }
@@ -387,4 +508,182 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
     }
     tx.commit()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::histogram::exponential_buckets;
+
+    fn temp_db(name: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("recall-sqlite-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.db"));
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        path.display().to_string()
+    }
+
+    fn config(path: &str) -> StorageConfig {
+        StorageConfig {
+            path: path.to_owned(),
+            ..StorageConfig::default()
+        }
+    }
+
+    fn histogram() -> Histogram {
+        Histogram::new(exponential_buckets(0.00002, 2.0, 15))
+    }
+
+    fn message(role: &str, content: &str) -> Message {
+        serde_json::from_value(serde_json::json!({"role": role, "content": content})).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_version_2_database_is_migrated_with_its_sessions() {
+        let path = temp_db("migrate");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for (i, sql) in MIGRATIONS[..2].iter().enumerate() {
+                conn.execute_batch(&format!("{sql}; PRAGMA user_version = {};", i + 1))
+                    .unwrap();
+            }
+            conn.execute(
+                "INSERT INTO sessions VALUES ('old', 5, 70, 3, 2, '[\"ann\"]',
+                 '[{\"role\":\"system\",\"content\":\"be brief\"}]')",
+                [],
+            )
+            .unwrap();
+            for (seq, text) in [(2, "hi"), (3, "hello")] {
+                let body = serde_json::to_string(&message("user", text)).unwrap();
+                conn.execute(
+                    "INSERT INTO messages VALUES ('old', ?1, ?2)",
+                    params![seq, body],
+                )
+                .unwrap();
+            }
+        }
+        let db = Sqlite::open(&config(&path), histogram()).await.unwrap();
+        let loaded = db.load("old").await.unwrap().expect("the session is kept");
+        assert_eq!(loaded.meta.created_ms, 5);
+        assert_eq!(loaded.meta.last_active_ms, 70);
+        assert_eq!(loaded.meta.turn_id, 3);
+        assert_eq!(loaded.meta.first_seq, 2);
+        assert_eq!(loaded.meta.users, ["ann"]);
+        assert_eq!(loaded.meta.system_messages[0].content, "be brief");
+        assert_eq!(loaded.messages.len(), 2);
+        assert_eq!(db.idle(71, 10).await.unwrap(), ["old"]);
+        assert!(db.idle(70, 10).await.unwrap().is_empty());
+        let listed = db.list(None, 10, Some("ann")).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].message_count, 2);
+        assert_eq!(listed[0].meta.turn_id, 3);
+    }
+
+    #[tokio::test]
+    async fn a_touch_moves_the_turn_and_keeps_users_and_system_messages() {
+        let path = temp_db("touch");
+        let db = Sqlite::open(&config(&path), histogram()).await.unwrap();
+        let meta = Meta {
+            created_ms: 1,
+            last_active_ms: 1,
+            turn_id: 1,
+            first_seq: 0,
+            users: vec!["bo".into()],
+            system_messages: vec![message("system", "be kind")],
+        };
+        db.submit(vec![Op::Save {
+            id: "s".into(),
+            meta,
+        }])
+        .durable()
+        .await
+        .unwrap();
+        db.submit(vec![
+            Op::Touch {
+                id: "s".into(),
+                last_active_ms: 9,
+                turn_id: 4,
+                first_seq: 2,
+            },
+            // A touch of a session never saved creates nothing.
+            Op::Touch {
+                id: "ghost".into(),
+                last_active_ms: 9,
+                turn_id: 4,
+                first_seq: 2,
+            },
+        ])
+        .durable()
+        .await
+        .unwrap();
+        let loaded = db.load("s").await.unwrap().unwrap();
+        assert_eq!(
+            (
+                loaded.meta.last_active_ms,
+                loaded.meta.turn_id,
+                loaded.meta.first_seq
+            ),
+            (9, 4, 2)
+        );
+        assert_eq!(loaded.meta.users, ["bo"]);
+        assert_eq!(loaded.meta.system_messages[0].content, "be kind");
+        assert!(db.load("ghost").await.unwrap().is_none());
+        assert_eq!(db.count().await.unwrap(), 1);
+        db.submit(vec![Op::Delete {
+            id: "s".into(),
+            users: vec!["bo".into()],
+        }])
+        .durable()
+        .await
+        .unwrap();
+        assert!(db.load("s").await.unwrap().is_none());
+        assert!(db.idle(i64::MAX, 10).await.unwrap().is_empty());
+    }
+
+    /// Under writes that never pause, the WAL still starts over: it stays
+    /// near its limit while many times that much is written through it.
+    /// (With checkpoints only beside the writer it grew without bound.)
+    #[tokio::test]
+    async fn the_wal_starts_over_under_steady_writes() {
+        let path = temp_db("wal");
+        let limits = WalLimits {
+            restart_pages: 256,
+            keep_bytes: 512 << 10,
+            every: std::time::Duration::from_millis(5),
+        };
+        let db = Sqlite::open_with(&config(&path), histogram(), limits)
+            .await
+            .unwrap();
+        let wal = format!("{path}-wal");
+        let text = "x".repeat(1000);
+        let mut largest = 0;
+        let mut written = 0usize;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut seq = 0u64;
+        // 40 MB through a WAL asked to start over at 256 KiB.
+        while written < 40 << 20 && std::time::Instant::now() < deadline {
+            let ops = (0..20)
+                .map(|i| {
+                    seq += 1;
+                    Op::Push {
+                        id: format!("s{}", (seq + i) % 50),
+                        seq,
+                        message: Arc::new(message("user", &text)),
+                    }
+                })
+                .collect();
+            db.submit(ops).durable().await.unwrap();
+            written += 20 * 1024;
+            if let Ok(m) = std::fs::metadata(&wal) {
+                largest = largest.max(m.len());
+            }
+        }
+        assert!(written >= 40 << 20, "the writes did not finish in time");
+        assert!(
+            largest < 8 << 20,
+            "the WAL grew to {largest} bytes while {written} were written"
+        );
+    }
 }
