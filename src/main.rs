@@ -118,8 +118,7 @@ async fn shutdown_signal() {
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let (path, check) = match command() {
         Ok(Command::Version) => {
             println!("recall {}", env!("CARGO_PKG_VERSION"));
@@ -148,6 +147,20 @@ async fn main() -> ExitCode {
         println!("{}", config.masked_toml());
         return ExitCode::SUCCESS;
     }
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if config.server.worker_threads > 0 {
+        runtime.worker_threads(config.server.worker_threads);
+    }
+    match runtime.enable_all().build() {
+        Ok(rt) => rt.block_on(serve(config, path)),
+        Err(e) => {
+            eprintln!("recall: cannot start the runtime: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(config: Config, path: PathBuf) -> ExitCode {
     init_logging(&config);
     let addr = config.server.listen.clone();
     let app = match recall::App::new(config).await {
@@ -173,6 +186,7 @@ async fn main() -> ExitCode {
         config = %path.display(),
         storage = ?app.config.storage.backend,
         upstreams = %upstreams.join("; "),
+        workers = tokio::runtime::Handle::current().metrics().num_workers(),
         "recall listening"
     );
     match recall::serve(listener, app, shutdown_signal()).await {

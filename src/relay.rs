@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -63,12 +63,7 @@ impl Exchange {
     /// The chat completion call to the current upstream, until its head.
     async fn call(&self) -> Result<reqwest::Response, UpstreamError> {
         self.upstream
-            .send(
-                Method::POST,
-                "/chat/completions",
-                &self.client_headers,
-                Some(self.body.clone()),
-            )
+            .send_chat(&self.client_headers, self.body.clone())
             .await
     }
 

@@ -23,7 +23,11 @@ pub struct Upstream {
     /// Where a call that fails before its first byte is made once more.
     pub fallback: Option<String>,
     base_url: String,
-    api_key: Option<String>,
+    /// `{base_url}/chat/completions`, parsed once: parsing it per request
+    /// (IDNA and all) was 1.6% of the proxy's CPU at full load.
+    chat_url: reqwest::Url,
+    /// `Bearer {key}`, marked sensitive so that it is never logged.
+    authorization: Option<HeaderValue>,
     patterns: Vec<WildMatch>,
     headers: HeaderMap,
     timeout: Duration,
@@ -81,21 +85,31 @@ impl Upstream {
             let value = HeaderValue::try_from(v.as_str()).map_err(|e| fail(e.to_string()))?;
             headers.insert(name, value);
         }
-        let api_key = c
+        let authorization = c
             .api_key_env
             .as_deref()
             .and_then(|var| std::env::var(var).ok())
-            .filter(|k| !k.is_empty());
+            .filter(|k| !k.is_empty())
+            .map(|key| {
+                let mut v = HeaderValue::try_from(format!("Bearer {key}"))
+                    .map_err(|_| fail("the API key is not a valid header value".into()))?;
+                v.set_sensitive(true);
+                Ok(v)
+            })
+            .transpose()?;
         let base_url = match &mock {
             Some(server) => server.base_url(),
             None => c.base_url.trim_end_matches('/').to_owned(),
         };
+        let chat_url = reqwest::Url::parse(&format!("{base_url}/chat/completions"))
+            .map_err(|e| fail(format!("base_url: {e}")))?;
         Ok(Self {
             name: c.name.clone(),
             rules: VendorRules::from_config(c),
             fallback: c.fallback.clone(),
             base_url,
-            api_key,
+            chat_url,
+            authorization,
             patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
             headers,
             timeout: Duration::from_secs(c.timeout_secs),
@@ -119,7 +133,7 @@ impl Upstream {
     }
 
     /// Sends a request and waits for the response headers. `path` is relative
-    /// to the base URL, e.g. `/chat/completions`.
+    /// to the base URL, e.g. `/models`.
     pub async fn send(
         &self,
         method: Method,
@@ -127,7 +141,33 @@ impl Upstream {
         client_headers: &HeaderMap,
         body: Option<Bytes>,
     ) -> Result<reqwest::Response, UpstreamError> {
-        let url = format!("{}{}", self.base_url, path);
+        let url = reqwest::Url::parse(&format!("{}{}", self.base_url, path)).map_err(|e| {
+            UpstreamError::Unreachable {
+                upstream: self.name.clone(),
+                reason: format!("bad URL: {e}"),
+            }
+        })?;
+        self.send_to(method, url, client_headers, body).await
+    }
+
+    /// Sends a chat completion request and waits for the response headers.
+    pub async fn send_chat(
+        &self,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let url = self.chat_url.clone();
+        self.send_to(Method::POST, url, client_headers, Some(body))
+            .await
+    }
+
+    async fn send_to(
+        &self,
+        method: Method,
+        url: reqwest::Url,
+        client_headers: &HeaderMap,
+        body: Option<Bytes>,
+    ) -> Result<reqwest::Response, UpstreamError> {
         let mut req = self
             .client
             .request(method, url)
@@ -155,11 +195,9 @@ impl Upstream {
 
     fn request_headers(&self, client: &HeaderMap) -> HeaderMap {
         let mut out = self.headers.clone();
-        match &self.api_key {
-            Some(key) => {
-                if let Ok(v) = HeaderValue::try_from(format!("Bearer {key}")) {
-                    out.insert("authorization", v);
-                }
+        match &self.authorization {
+            Some(v) => {
+                out.insert("authorization", v.clone());
             }
             None => {
                 if let Some(v) = client.get("authorization") {

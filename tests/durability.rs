@@ -96,6 +96,8 @@ async fn a_restart_keeps_history_system_messages_and_turn_ids() {
 struct Process {
     child: Child,
     url: String,
+    /// The "recall listening" log line.
+    listening: String,
 }
 
 impl Process {
@@ -115,14 +117,14 @@ impl Process {
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
-        let url = loop {
+        let (url, listening) = loop {
             let line = lines
                 .next()
                 .expect("recall exited before listening")
                 .unwrap();
             if let Some(at) = line.find("addr=") {
                 let addr = line[at + 5..].split_whitespace().next().unwrap();
-                break format!("http://{addr}");
+                break (format!("http://{addr}"), line);
             }
         };
         // Keep reading so that the child never blocks on a full pipe.
@@ -133,7 +135,11 @@ impl Process {
                 }
             }
         });
-        Self { child, url }
+        Self {
+            child,
+            url,
+            listening,
+        }
     }
 
     fn signal(&self, sig: &str) {
@@ -397,4 +403,30 @@ async fn an_undeliverable_event_is_kept_and_sent_after_a_restart() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `[server] worker_threads` sets how many threads serve requests.
+#[tokio::test]
+async fn worker_threads_sets_the_serving_threads() {
+    if !runs_here() {
+        return;
+    }
+    let upstream = MockUpstream::start().await;
+    let workers = |n: usize| {
+        let db = temp_db(&format!("workers-{n}"));
+        let recall = Process::start(&process_config(
+            &db,
+            &upstream,
+            &format!("worker_threads = {n}"),
+        ));
+        let at = recall.listening.find("workers=").expect("workers logged");
+        recall.listening[at + 8..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+    };
+    assert_eq!(workers(1), 1);
+    assert_eq!(workers(3), 3);
 }
