@@ -19,7 +19,8 @@ fn runs_here() -> bool {
 }
 
 fn temp_db(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("recall-durability-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("recall-durability-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}.db"));
     let _ = std::fs::remove_file(&path);
@@ -102,7 +103,8 @@ struct Process {
 
 impl Process {
     fn start(config: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("recall-proc-{}", std::process::id()));
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("recall-proc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{}.toml", rand_tag()));
         std::fs::write(&path, config).unwrap();

@@ -220,7 +220,8 @@ async fn unknown_routes_and_methods_get_openai_errors() {
 
 #[test]
 fn a_bad_config_stops_start_up_naming_the_key_and_the_file() {
-    let dir = std::env::temp_dir().join(format!("recall-cfg-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("recall-cfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cases = [
         ("unknown.toml", "[history]\nwindow_size = 3\n", "window_size"),
@@ -277,7 +278,8 @@ fn the_cli_has_version_help_and_check() {
         .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("[storage]"));
-    let dir = std::env::temp_dir().join(format!("recall-check-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("recall-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.toml");
     std::fs::write(&bad, "[server]\nlisten = 5\n").unwrap();

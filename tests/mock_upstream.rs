@@ -318,7 +318,8 @@ async fn a_mock_runs_only_where_configured() {
 
 #[test]
 fn an_unknown_mock_host_stops_start_up_naming_the_key_and_the_file() {
-    let dir = std::env::temp_dir().join(format!("recall-mock-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("recall-mock-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("parrot.toml");
     std::fs::write(

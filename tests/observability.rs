@@ -164,7 +164,8 @@ struct Logged {
 
 impl Logged {
     fn start(config: &str, env: &[(&str, &str)]) -> Self {
-        let dir = std::env::temp_dir().join(format!("recall-obs-{}", std::process::id()));
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("recall-obs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("recall.toml");
         std::fs::write(&path, config).unwrap();

@@ -188,7 +188,8 @@ async fn a_replica_killed_mid_stream_does_not_block_the_next_turn() {
         upstream.base_url()
     );
     // Replica A is a real process, so that it can die for real.
-    let dir = std::env::temp_dir().join(format!("recall-replicas-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("recall-replicas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("a.toml");
     std::fs::write(&path, &toml).unwrap();

@@ -515,14 +515,33 @@ mod tests {
     use super::*;
     use prometheus_client::metrics::histogram::exponential_buckets;
 
-    fn temp_db(name: &str) -> String {
-        let dir = std::env::temp_dir().join(format!("recall-sqlite-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("{name}.db"));
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    /// A database file that is removed, with its WAL, when dropped.
+    struct TempDb(String);
+
+    impl TempDb {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join("recall-sqlite-unit");
+            std::fs::create_dir_all(&dir).unwrap();
+            let db = Self(format!(
+                "{}/{name}-{}.db",
+                dir.display(),
+                std::process::id()
+            ));
+            db.remove();
+            db
         }
-        path.display().to_string()
+
+        fn remove(&self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", self.0));
+            }
+        }
+    }
+
+    impl Drop for TempDb {
+        fn drop(&mut self) {
+            self.remove();
+        }
     }
 
     fn config(path: &str) -> StorageConfig {
@@ -542,7 +561,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_version_2_database_is_migrated_with_its_sessions() {
-        let path = temp_db("migrate");
+        let db_file = TempDb::new("migrate");
+        let path = db_file.0.clone();
         {
             let conn = Connection::open(&path).unwrap();
             for (i, sql) in MIGRATIONS[..2].iter().enumerate() {
@@ -583,7 +603,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_touch_moves_the_turn_and_keeps_users_and_system_messages() {
-        let path = temp_db("touch");
+        let db_file = TempDb::new("touch");
+        let path = db_file.0.clone();
         let db = Sqlite::open(&config(&path), histogram()).await.unwrap();
         let meta = Meta {
             created_ms: 1,
@@ -647,7 +668,8 @@ mod tests {
     /// (With checkpoints only beside the writer it grew without bound.)
     #[tokio::test]
     async fn the_wal_starts_over_under_steady_writes() {
-        let path = temp_db("wal");
+        let db_file = TempDb::new("wal");
+        let path = db_file.0.clone();
         let limits = WalLimits {
             restart_pages: 256,
             keep_bytes: 512 << 10,

@@ -296,7 +296,7 @@ pub fn storage_section() -> String {
     let tag = format!("{}-{n}", std::process::id());
     match std::env::var("RECALL_TEST_BACKEND").as_deref() {
         Ok("sqlite") => {
-            let dir = std::env::temp_dir().join("recall-tests");
+            let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("recall-tests");
             format!(
                 "[storage]\nbackend = \"sqlite\"\npath = \"{}\"\n",
                 dir.join(format!("{tag}.db")).display()
