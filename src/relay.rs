@@ -31,6 +31,11 @@ use crate::upstream::{relayed_response_headers, Upstream};
 
 /// Chunks buffered between the upstream reader and a slow client.
 const RELAY_BUFFER: usize = 64;
+
+/// The largest SSE event taken from an upstream. A chat chunk is a few
+/// hundred bytes; without a cap, an upstream that never ends its event
+/// would grow the parser's buffer until the process ran out of memory.
+const MAX_EVENT_BYTES: usize = 8 << 20;
 /// How long a stalled client may hold up the error event of a broken stream.
 const ERROR_EVENT_WAIT: Duration = Duration::from_secs(10);
 
@@ -260,7 +265,7 @@ async fn stream(
     let _ = respond.send(Ok(response(status, headers, Body::from_stream(body))));
     let mut first_token = true;
 
-    let mut parser = sse_parse::SseParser::new();
+    let mut parser = sse_parse::SseParser::new().max_buffer(MAX_EVENT_BYTES);
     let mut upstream = resp.bytes_stream();
     let mut drained = 0usize;
     let end = loop {
@@ -283,6 +288,13 @@ async fn stream(
             events.truncate(bad);
             ex.flight.on_received(&events);
             break End::Broke("upstream sent an event that is not JSON".into());
+        }
+        if parser.overflows() > 0 {
+            ex.flight.on_received(&events);
+            break End::Broke(format!(
+                "upstream sent an event larger than {} MiB",
+                MAX_EVENT_BYTES >> 20
+            ));
         }
         ex.flight.on_received(&events);
         if first_token && events.iter().any(Event::carries_content) {

@@ -360,3 +360,38 @@ async fn past_the_concurrency_limit_requests_are_503_and_change_nothing() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// An upstream that never ends its event (no blank line, 9 MiB of one
+/// line) is cut off past recall's cap: the stream ends without `[DONE]`,
+/// and the record keeps what was said before it, marked as broken.
+#[tokio::test]
+async fn an_endless_event_is_cut_off_and_recorded_as_broken() {
+    let h = Harness::start("", "").await;
+    let z = Duration::ZERO;
+    let endless = format!("data: {{\"choices\": [\"{}", "x".repeat(1 << 20));
+    let mut chunks = vec![
+        (z, delta_event(json!({"role": "assistant", "content": ""}))),
+        (z, chunk("Before the flood")),
+    ];
+    chunks.extend((0..9).map(|_| (z, endless.clone())));
+    // Never reached: the cap ends the stream first.
+    chunks.push((Duration::from_secs(5), sse_tail()));
+    h.upstream.push(Reply::Sse { chunks });
+    let started = Instant::now();
+    let resp = h
+        .post_chat(
+            "flood",
+            json!({"model": "m", "stream": true, "messages": [user("go")]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(!text.contains("[DONE]"));
+    assert!(started.elapsed() < Duration::from_secs(4));
+    let (_, hist) = h.history("flood").await;
+    let m = &hist["contents"];
+    assert_eq!(m[1]["content"], "Before the flood", "{m}");
+    assert_eq!(m[1]["metadata"]["interrupted"], true, "{m}");
+    let error = m[1]["metadata"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("larger than 8 MiB"), "{error}");
+}
