@@ -39,7 +39,7 @@ impl Default for WalLimits {
         Self {
             restart_pages: 16384,
             keep_bytes: 32 << 20,
-            every: std::time::Duration::from_millis(50),
+            every: std::time::Duration::from_millis(10),
         }
     }
 }
@@ -673,7 +673,7 @@ mod tests {
         let limits = WalLimits {
             restart_pages: 256,
             keep_bytes: 512 << 10,
-            every: std::time::Duration::from_millis(5),
+            every: std::time::Duration::from_millis(10),
         };
         let db = Sqlite::open_with(&config(&path), histogram(), limits)
             .await
