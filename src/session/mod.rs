@@ -131,12 +131,17 @@ impl State {
     fn with_messages(meta: Meta, messages: Vec<Message>) -> Self {
         let mut st = Self::new(meta);
         st.replace_messages(shared(messages));
-        st.saved = Saved {
-            whole: true,
-            turn_id: st.turn_id,
-            first_seq: st.first_seq,
-        };
+        st.mark_saved();
         st
+    }
+
+    /// Storage now holds the whole meta as it is here.
+    fn mark_saved(&mut self) {
+        self.saved = Saved {
+            whole: true,
+            turn_id: self.turn_id,
+            first_seq: self.first_seq,
+        };
     }
 
     /// Users or system messages changed: the next write carries them.
@@ -310,11 +315,7 @@ impl Session {
         };
         if let Some(op) = meta {
             ops.insert(0, op);
-            st.saved = Saved {
-                whole: true,
-                turn_id: st.turn_id,
-                first_seq: st.first_seq,
-            };
+            st.mark_saved();
         }
         if ops.is_empty() {
             return Ticket::ready();
