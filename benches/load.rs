@@ -10,7 +10,7 @@
 //! default), `--pin` (generator and mock on CPU 0, the path under test on
 //! CPU 1).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -46,6 +46,13 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(run(mock, quick, only, repeat));
+    let failures = FAILURES.lock().map(|f| f.clone()).unwrap_or_default();
+    if !failures.is_empty() {
+        println!("\nFailed requests, by kind:");
+        for line in failures {
+            println!("- {line}");
+        }
+    }
     // The sqlite files of a full run take gigabytes.
     let _ = std::fs::remove_dir_all(work_dir());
 }
@@ -223,7 +230,11 @@ async fn start_recall_with(
     );
     let path = dir.join(format!("recall-{port}.toml"));
     std::fs::write(&path, config).expect("config");
-    let child = under_test(env!("CARGO_BIN_EXE_recall"))
+    // RECALL_BENCH_BIN runs another build (say, the last commit's) in the
+    // same harness, for an A/B comparison on the same machine and day.
+    let program =
+        std::env::var("RECALL_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_recall").into());
+    let child = under_test(&program)
         .arg("--config")
         .arg(&path)
         .stdout(Stdio::null())
@@ -344,6 +355,8 @@ struct Scenario {
 struct Stats {
     sent: usize,
     errors: usize,
+    /// What failed, by kind ("HTTP 503", "connection: ..."), for the report.
+    failures: BTreeMap<String, usize>,
     elapsed: f64,
     latency: Vec<f64>,
     ttfb: Vec<f64>,
@@ -442,14 +455,49 @@ async fn open_loop(target: &Target, s: &Scenario) -> Stats {
                 }
                 stats.gaps.extend(gaps);
             }
-            Err(()) => stats.errors += 1,
+            Err(kind) => stats.failed(kind),
         }
     }
     stats.elapsed = (tokio::time::Instant::now() - start).as_secs_f64();
     stats
 }
 
-type Outcome = Result<(f64, Option<f64>, Vec<f64>), ()>;
+/// A failed request's kind, kept so that the report says what failed.
+type Outcome = Result<(f64, Option<f64>, Vec<f64>), String>;
+
+impl Stats {
+    fn failed(&mut self, kind: String) {
+        self.errors += 1;
+        *self.failures.entry(kind).or_default() += 1;
+    }
+}
+
+/// Every failure of the run, by path, scenario and kind, printed at the end.
+static FAILURES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn note_failures(path: &str, scenario: &str, failures: &BTreeMap<String, usize>) {
+    if failures.is_empty() {
+        return;
+    }
+    let kinds: Vec<String> = failures.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+    let line = format!("{path} · {scenario}: {}", kinds.join(", "));
+    eprintln!("failed requests: {line}");
+    if let Ok(mut all) = FAILURES.lock() {
+        all.push(line);
+    }
+}
+
+/// A failed send, by what reqwest says went wrong.
+fn send_failure(e: &reqwest::Error) -> String {
+    let what = if e.is_timeout() {
+        "timeout"
+    } else if e.is_connect() {
+        "connect"
+    } else {
+        "send"
+    };
+    format!("{what} error")
+}
 
 async fn one(
     client: &reqwest::Client,
@@ -467,12 +515,14 @@ async fn one(
     if let Some(s) = session {
         req = req.header("x-session-id", s);
     }
-    let resp = req.send().await.map_err(|_| ())?;
+    let resp = req.send().await.map_err(|e| send_failure(&e))?;
     if !resp.status().is_success() {
-        return Err(());
+        return Err(format!("HTTP {}", resp.status().as_u16()));
     }
     if !stream {
-        resp.bytes().await.map_err(|_| ())?;
+        resp.bytes()
+            .await
+            .map_err(|_| "body broke off".to_owned())?;
         return Ok((ms(due.elapsed()), None, Vec::new()));
     }
     let mut body = resp.bytes_stream();
@@ -481,7 +531,7 @@ async fn one(
     let mut gaps = Vec::with_capacity(CHUNKS);
     let mut done = false;
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|_| ())?;
+        let chunk = chunk.map_err(|_| "stream broke off".to_owned())?;
         let now = Instant::now();
         if ttfb.is_none() {
             ttfb = Some(ms(due.elapsed()));
@@ -492,7 +542,7 @@ async fn one(
         done |= memchr_contains(&chunk, b"[DONE]");
     }
     if !done {
-        return Err(());
+        return Err("stream ended without [DONE]".into());
     }
     Ok((ms(due.elapsed()), ttfb, gaps))
 }
@@ -502,7 +552,9 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Closed loop with `conns` connections, each sending its next request as
-/// soon as the last one is answered: the highest sustained rate.
+/// soon as the last one is answered: the highest sustained rate. Each
+/// connection has sessions of its own, so that no two requests are ever
+/// turns of one session at once (which recall would answer as a barge-in).
 async fn max_rate(target: &Target, conns: usize, secs: f64) -> f64 {
     let client = client();
     let until = Instant::now() + Duration::from_secs_f64(secs);
@@ -512,24 +564,30 @@ async fn max_rate(target: &Target, conns: usize, secs: f64) -> f64 {
             let (client, url, recall) = (client.clone(), url.clone(), target.recall);
             tokio::spawn(async move {
                 let mut n = 0usize;
+                let mut failures = Stats::default();
                 while Instant::now() < until {
-                    let session = recall.then(|| format!("bench-{}", (c * 100_000 + n) % 1000));
+                    let session = recall.then(|| format!("max-{c}-{}", n % 64));
                     let due = tokio::time::Instant::now();
-                    if one(&client, &url, session, request_body(false, n), false, due)
-                        .await
-                        .is_ok()
-                    {
-                        n += 1;
+                    match one(&client, &url, session, request_body(false, n), false, due).await {
+                        Ok(_) => n += 1,
+                        Err(kind) => failures.failed(kind),
                     }
                 }
-                n
+                (n, failures.failures)
             })
         })
         .collect();
     let mut total = 0;
+    let mut failures = BTreeMap::new();
     for w in workers {
-        total += w.await.unwrap_or(0);
+        if let Ok((n, failed)) = w.await {
+            total += n;
+            for (kind, k) in failed {
+                *failures.entry(kind).or_default() += k;
+            }
+        }
     }
+    note_failures(&target.name, "highest rate", &failures);
     total as f64 / secs
 }
 
@@ -568,7 +626,10 @@ struct Figures {
     gap99: f64,
 }
 
-fn figures(st: &mut Stats) -> Figures {
+/// The run's figures; its failures, if any, go to the report under
+/// `path` and `scenario`.
+fn figures(path: &str, scenario: &str, st: &mut Stats) -> Figures {
+    note_failures(path, scenario, &st.failures);
     let ok = st.latency.len();
     Figures {
         rate: ok as f64 / st.elapsed.max(1e-9),
@@ -695,7 +756,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize)
             for (i, target) in targets.iter().enumerate() {
                 warm_up(target, &s).await;
                 let mut st = open_loop(target, &s).await;
-                runs[i].push(figures(&mut st));
+                runs[i].push(figures(&target.name, &s.name, &mut st));
             }
         }
         for (target, runs) in targets.iter().zip(&runs) {
@@ -709,7 +770,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize)
             };
             warm_up(l, &slow).await;
             let mut st = open_loop(l, &slow).await;
-            record(l, &slow, figures(&mut st), &mut rows);
+            record(l, &slow, figures(&l.name, &slow.name, &mut st), &mut rows);
         }
     }
     // 2. Sessions: 1 (one conversation, turns in sequence), 100,000.
@@ -729,7 +790,12 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize)
             seed(target, sessions, 10).await;
             warm_up(target, &s).await;
             let mut st = open_loop(target, &s).await;
-            record(target, &s, figures(&mut st), &mut rows);
+            record(
+                target,
+                &s,
+                figures(&target.name, &s.name, &mut st),
+                &mut rows,
+            );
         }
     }
     // 3. History length: 10 sessions with 10, 1,000 and 10,000 stored
@@ -759,7 +825,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize)
             // that every round starts from exactly this length.
             seed(target, s.sessions, s.history).await;
             let mut st = sequential(target, s).await;
-            runs[i].push(figures(&mut st));
+            runs[i].push(figures(&target.name, &s.name, &mut st));
         }
     }
     for ((s, target), runs) in cases.iter().zip(&runs) {
@@ -890,16 +956,16 @@ async fn sequential(target: &Target, s: &Scenario) -> Stats {
             let (client, url, recall) = (client.clone(), url.clone(), target.recall);
             tokio::spawn(async move {
                 let mut lat = Vec::new();
-                let mut errors = 0;
+                let mut failures = Stats::default();
                 for i in 0..per_session {
                     let due = tokio::time::Instant::now();
                     let session = recall.then(|| format!("bench-{sess}"));
                     match one(&client, &url, session, request_body(false, i), false, due).await {
                         Ok((l, _, _)) => lat.push(l),
-                        Err(()) => errors += 1,
+                        Err(kind) => failures.failed(kind),
                     }
                 }
-                (lat, errors)
+                (lat, failures)
             })
         })
         .collect();
@@ -908,9 +974,12 @@ async fn sequential(target: &Target, s: &Scenario) -> Stats {
         ..Stats::default()
     };
     for w in workers {
-        if let Ok((lat, errors)) = w.await {
+        if let Ok((lat, failures)) = w.await {
             stats.latency.extend(lat);
-            stats.errors += errors;
+            for (kind, n) in failures.failures {
+                stats.errors += n;
+                *stats.failures.entry(kind).or_default() += n;
+            }
         }
     }
     stats.elapsed = start.elapsed().as_secs_f64();

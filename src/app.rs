@@ -4,7 +4,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -18,6 +17,7 @@ use crate::message::{Message, Role};
 use crate::metrics::{Cause, Metrics};
 use crate::session::{Policy, Store};
 use crate::storage::Storage;
+use crate::threads::Pool;
 use crate::upstream::{BuildError, Upstreams};
 use crate::webhook::{LogOnly, Notifier, Webhook};
 
@@ -50,7 +50,8 @@ impl App {
             .await
             .map_err(|e| BuildError::new("storage", e))?;
         let storage: Arc<Storage> = storage;
-        let upstreams = Upstreams::start(&config.upstreams).await?;
+        let upstreams =
+            Upstreams::start(&config.upstreams, config.server.serving_threads()).await?;
         let instructions = config
             .system_messages
             .iter()
@@ -160,20 +161,31 @@ pub fn router(app: Arc<App>) -> Router {
     crate::api::routes(&app).with_state(app)
 }
 
-/// Serves until `shutdown` resolves. Then: stop accepting, let replies in
-/// flight finish for up to `shutdown_grace_secs`, record the rest as
-/// interrupted, hand memory that would be lost to the webhook, flush
-/// storage and the webhook queue.
+/// Serves until `shutdown` resolves, on `[server] worker_threads` threads:
+/// this one, which accepts, and one runtime per further thread (`threads`).
+/// Then: stop accepting, let replies in flight finish for up to
+/// `shutdown_grace_secs`, record the rest as interrupted, hand memory that
+/// would be lost to the webhook, flush storage and the webhook queue.
 pub async fn serve(
     listener: TcpListener,
     app: Arc<App>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let stopping = CancellationToken::new();
+    let released = CancellationToken::new();
+    // Dropped with this future (a test's runtime ending), the threads end too.
+    let _stop_threads = (stopping.clone().drop_guard(), released.clone().drop_guard());
+    let mut pool = Pool::start(
+        app.config.server.serving_threads() - 1,
+        || router(Arc::clone(&app)),
+        listener.local_addr()?,
+        &stopping,
+        &released,
+    )?;
     let sweeper = tokio::spawn(crate::lifecycle::sweeper(
         Arc::clone(&app),
         Arc::clone(&app.sweep_now),
     ));
-    let stopping = CancellationToken::new();
     let graceful = {
         let stopping = stopping.clone();
         async move {
@@ -196,23 +208,19 @@ pub async fn serve(
             );
         })
     };
-    // Without TCP_NODELAY, Nagle's algorithm holds small SSE chunks back
-    // until the previous one is acknowledged (40 ms with delayed ACKs).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    let served = axum::serve(listener, router(Arc::clone(&app)))
+    let here = axum::serve(pool.dispatch(listener), router(Arc::clone(&app)))
         .with_graceful_shutdown(graceful)
         .await;
+    let elsewhere = pool.served().await;
     // An interrupt_all already under way finishes (and queues its records)
     // before the final flush.
     enforcer.abort();
     let _ = enforcer.await;
     sweeper.abort();
     app.wind_down().await;
-    served
+    released.cancel();
+    pool.join().await;
+    here.and(elsewhere)
 }
 
 impl App {

@@ -24,6 +24,7 @@ pub mod reconcile;
 pub mod relay;
 pub mod session;
 pub mod storage;
+pub mod threads;
 pub mod tokens;
 pub mod turns;
 pub mod upstream;

@@ -147,11 +147,12 @@ fn main() -> ExitCode {
         println!("{}", config.masked_toml());
         return ExitCode::SUCCESS;
     }
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if config.server.worker_threads > 0 {
-        runtime.worker_threads(config.server.worker_threads);
-    }
-    match runtime.enable_all().build() {
+    // This thread is the first serving thread; `recall::serve` starts the
+    // others, each with a runtime of its own (see `recall::threads`).
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt.block_on(serve(config, path)),
         Err(e) => {
             eprintln!("recall: cannot start the runtime: {e}");
@@ -186,7 +187,7 @@ async fn serve(config: Config, path: PathBuf) -> ExitCode {
         config = %path.display(),
         storage = ?app.config.storage.backend,
         upstreams = %upstreams.join("; "),
-        workers = tokio::runtime::Handle::current().metrics().num_workers(),
+        workers = app.config.server.serving_threads(),
         "recall listening"
     );
     match recall::serve(listener, app, shutdown_signal()).await {

@@ -31,7 +31,9 @@ pub struct Upstream {
     patterns: Vec<WildMatch>,
     headers: HeaderMap,
     timeout: Duration,
-    client: reqwest::Client,
+    /// One client (and so one connection pool) per serving thread, so
+    /// that a request's upstream connection lives on its own thread.
+    clients: Box<[reqwest::Client]>,
     /// The built-in server this upstream calls, for a `mock://` base URL;
     /// it lives as long as the upstream.
     mock: Option<MockServer>,
@@ -56,7 +58,7 @@ impl BuildError {
 impl Upstream {
     /// Builds the upstream, and for a `mock://` base URL starts its mock
     /// server first.
-    pub async fn start(c: &UpstreamConfig) -> Result<Self, BuildError> {
+    pub async fn start(c: &UpstreamConfig, threads: usize) -> Result<Self, BuildError> {
         let fail = |message: String| BuildError::new(&format!("upstream `{}`", c.name), message);
         let mock = match MockKind::from_base_url(&c.base_url) {
             None => None,
@@ -67,18 +69,22 @@ impl Upstream {
                     .map_err(|e| fail(format!("cannot start the mock upstream: {e}")))?,
             ),
         };
-        let mut client = reqwest::Client::builder();
-        if mock.is_some() {
-            // The mock is on loopback: an HTTP(S)_PROXY set for the real
-            // upstreams must not carry it off the machine.
-            client = client.no_proxy();
-        }
-        let client = client
-            .connect_timeout(Duration::from_secs(c.connect_timeout_secs))
-            .read_timeout(Duration::from_secs(c.read_timeout_secs))
-            .user_agent(concat!("recall/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| fail(e.to_string()))?;
+        let clients = (0..threads.max(1))
+            .map(|_| {
+                let mut client = reqwest::Client::builder();
+                if mock.is_some() {
+                    // The mock is on loopback: an HTTP(S)_PROXY set for the
+                    // real upstreams must not carry it off the machine.
+                    client = client.no_proxy();
+                }
+                client
+                    .connect_timeout(Duration::from_secs(c.connect_timeout_secs))
+                    .read_timeout(Duration::from_secs(c.read_timeout_secs))
+                    .user_agent(concat!("recall/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .map_err(|e| fail(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?;
         let mut headers = HeaderMap::new();
         for (k, v) in &c.headers {
             let name = HeaderName::try_from(k.as_str()).map_err(|e| fail(e.to_string()))?;
@@ -113,7 +119,7 @@ impl Upstream {
             patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
             headers,
             timeout: Duration::from_secs(c.timeout_secs),
-            client,
+            clients,
             mock,
         })
     }
@@ -168,8 +174,9 @@ impl Upstream {
         client_headers: &HeaderMap,
         body: Option<Bytes>,
     ) -> Result<reqwest::Response, UpstreamError> {
-        let mut req = self
-            .client
+        // `clients` is never empty: `start` builds at least one.
+        let client = &self.clients[crate::threads::index() % self.clients.len()];
+        let mut req = client
             .request(method, url)
             .headers(self.request_headers(client_headers));
         if let Some(body) = body {
@@ -257,10 +264,10 @@ pub struct Upstreams {
 impl Upstreams {
     /// Builds every upstream, starting the mock servers of `mock://` ones;
     /// must be called inside a tokio runtime.
-    pub async fn start(configs: &[UpstreamConfig]) -> Result<Self, BuildError> {
+    pub async fn start(configs: &[UpstreamConfig], threads: usize) -> Result<Self, BuildError> {
         let mut list = Vec::with_capacity(configs.len());
         for c in configs {
-            list.push(Arc::new(Upstream::start(c).await?));
+            list.push(Arc::new(Upstream::start(c, threads).await?));
         }
         Ok(Self { list })
     }
@@ -299,16 +306,19 @@ mod tests {
 
     #[tokio::test]
     async fn first_matching_pattern_wins() {
-        let ups = Upstreams::start(&[
-            upstream("local", &["llama-*", "qwen?"]),
-            upstream("openai", &["*"]),
-        ])
+        let ups = Upstreams::start(
+            &[
+                upstream("local", &["llama-*", "qwen?"]),
+                upstream("openai", &["*"]),
+            ],
+            1,
+        )
         .await
         .unwrap();
         assert_eq!(ups.route("llama-3").unwrap().name, "local");
         assert_eq!(ups.route("qwen2").unwrap().name, "local");
         assert_eq!(ups.route("qwen25").unwrap().name, "openai");
-        let only = Upstreams::start(&[upstream("local", &["llama-*"])])
+        let only = Upstreams::start(&[upstream("local", &["llama-*"])], 1)
             .await
             .unwrap();
         assert!(only.route("gpt-4o").is_none());

@@ -155,7 +155,13 @@ async fn read_sse(resp: reqwest::Response) -> (String, bool, bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_upstream_fault_gets_a_clear_answer_and_keeps_the_users_message() {
-    let h = Harness::start("", "timeout_secs = 1\nread_timeout_secs = 1").await;
+    // One serving thread: the tasks counted below are then all on this
+    // test's runtime, none on a serving thread's own.
+    let h = Harness::start(
+        "[server]\nworker_threads = 1",
+        "timeout_secs = 1\nread_timeout_secs = 1",
+    )
+    .await;
     let tasks = || {
         tokio::runtime::Handle::current()
             .metrics()

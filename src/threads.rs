@@ -1,0 +1,265 @@
+//! Serving threads: each runs a single-threaded runtime of its own and
+//! keeps its own upstream connection pools, so that a request, its relay
+//! task and its upstream connection stay on one thread.
+//!
+//! With one multi-threaded runtime, work stealing moved a request's tasks
+//! between threads: on 2 cores shared with its load, a request cost 60 µs
+//! of CPU instead of 45 µs, the difference being cross-thread wakeups
+//! (BENCHMARKS.md). Here only whole connections cross threads, once: the
+//! thread that runs `serve` accepts them all and hands them out in turn,
+//! keeping its own share. One listening socket (not one `SO_REUSEPORT`
+//! socket per thread) keeps "address in use" an error: a second recall on
+//! the same port must fail, not silently take half the connections.
+
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use axum::serve::Listener;
+use axum::Router;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+thread_local! {
+    static INDEX: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Which serving thread this is. 0 is the thread that accepts, and any
+/// thread that is not a serving thread (a test's runtime, a blocking pool).
+pub fn index() -> usize {
+    INDEX.with(Cell::get)
+}
+
+/// How long a serving thread waits for the tasks left on its runtime once
+/// the process is done with it.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
+
+type Handed = (std::net::TcpStream, SocketAddr);
+
+/// The serving threads beyond the accepting one.
+pub struct Pool {
+    inboxes: Vec<mpsc::UnboundedSender<Handed>>,
+    /// Each thread's result of serving, sent when its connections are done.
+    served: Vec<oneshot::Receiver<io::Result<()>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// Starts `extra` serving threads. Each stops accepting when `stopping`
+    /// is cancelled, and keeps its runtime (and the tasks on it, such as
+    /// drains after a client left) running until `released` is.
+    pub fn start(
+        extra: usize,
+        router: impl Fn() -> Router,
+        addr: SocketAddr,
+        stopping: &CancellationToken,
+        released: &CancellationToken,
+    ) -> io::Result<Self> {
+        let mut pool = Self {
+            inboxes: Vec::with_capacity(extra),
+            served: Vec::with_capacity(extra),
+            threads: Vec::with_capacity(extra),
+        };
+        for k in 1..=extra {
+            let (inbox, rx) = mpsc::unbounded_channel();
+            let (done, served) = oneshot::channel();
+            // Built here, so that a failure is this call's error.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let app = router();
+            let stopping = stopping.clone();
+            let released = released.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("recall-serve-{k}"))
+                .spawn(move || {
+                    INDEX.with(|i| i.set(k));
+                    runtime.block_on(async move {
+                        let result = axum::serve(Handoff { rx, addr }, app)
+                            .with_graceful_shutdown(stopping.cancelled_owned())
+                            .await;
+                        let _ = done.send(result);
+                        released.cancelled().await;
+                    });
+                    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
+                })?;
+            pool.inboxes.push(inbox);
+            pool.served.push(served);
+            pool.threads.push(thread);
+        }
+        Ok(pool)
+    }
+
+    /// The listener for the accepting thread: it hands every connection but
+    /// its own share to the pool's threads.
+    pub fn dispatch(&mut self, listener: TcpListener) -> Dispatch {
+        Dispatch {
+            listener,
+            inboxes: std::mem::take(&mut self.inboxes),
+            next: 0,
+        }
+    }
+
+    /// Waits until every thread has finished its connections, and returns
+    /// the first error among them.
+    pub async fn served(&mut self) -> io::Result<()> {
+        let mut first = Ok(());
+        for served in self.served.drain(..) {
+            // A thread that ended without a word panicked; its connections
+            // are gone either way.
+            let result = served
+                .await
+                .unwrap_or_else(|_| Err(io::Error::other("a serving thread ended unexpectedly")));
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        first
+    }
+
+    /// Waits for the threads to end, once they are released.
+    pub async fn join(self) {
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+    }
+}
+
+/// The accepting thread's listener: takes every connection, keeps every
+/// n-th and passes the others on, in turn.
+pub struct Dispatch {
+    listener: TcpListener,
+    inboxes: Vec<mpsc::UnboundedSender<Handed>>,
+    next: usize,
+}
+
+impl Dispatch {
+    /// The thread the next connection goes to: 0 is this one.
+    fn turn(&mut self) -> usize {
+        let turn = self.next;
+        self.next = (self.next + 1) % (self.inboxes.len() + 1);
+        turn
+    }
+}
+
+impl Listener for Dispatch {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            // axum's own accept: it retries on a failed connection and
+            // backs off when out of file descriptors.
+            let (tcp, addr) = Listener::accept(&mut self.listener).await;
+            // Without TCP_NODELAY, Nagle's algorithm holds small SSE chunks
+            // back until the previous one is acknowledged (40 ms with
+            // delayed ACKs).
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY");
+            }
+            let turn = self.turn();
+            if turn == 0 {
+                return (tcp, addr);
+            }
+            let std = match tcp.into_std() {
+                Ok(std) => std,
+                Err(e) => {
+                    tracing::debug!(error = %e, "connection lost while handed over");
+                    continue;
+                }
+            };
+            match self.inboxes[turn - 1].send((std, addr)) {
+                Ok(()) => {}
+                // That thread is gone (it panicked): serve it here.
+                Err(mpsc::error::SendError((std, addr))) => match TcpStream::from_std(std) {
+                    Ok(tcp) => return (tcp, addr),
+                    Err(e) => tracing::debug!(error = %e, "connection lost while taken back"),
+                },
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// A serving thread's listener: the connections handed to it.
+struct Handoff {
+    rx: mpsc::UnboundedReceiver<Handed>,
+    addr: SocketAddr,
+}
+
+impl Listener for Handoff {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            let Some((std, addr)) = self.rx.recv().await else {
+                // The accepting thread stopped: so does this one, through
+                // the graceful shutdown that stopped it.
+                return std::future::pending().await;
+            };
+            match TcpStream::from_std(std) {
+                Ok(tcp) => return (tcp, addr),
+                Err(e) => tracing::debug!(error = %e, "handed-over connection lost"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use std::future::IntoFuture;
+
+    fn which_thread() -> Router {
+        Router::new().route("/", get(|| async { index().to_string() }))
+    }
+
+    #[tokio::test]
+    async fn connections_go_round_the_threads_and_are_served_there() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stopping, released) = (CancellationToken::new(), CancellationToken::new());
+        let mut pool = Pool::start(2, which_thread, addr, &stopping, &released).unwrap();
+        let dispatch = pool.dispatch(listener);
+        let here = tokio::spawn(
+            axum::serve(dispatch, which_thread())
+                .with_graceful_shutdown(stopping.clone().cancelled_owned())
+                .into_future(),
+        );
+        let mut served = Vec::new();
+        for _ in 0..6 {
+            // A client of its own: a new connection each time.
+            let body = reqwest::Client::new()
+                .get(format!("http://{addr}/"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            served.push(body);
+        }
+        assert_eq!(served, ["0", "1", "2", "0", "1", "2"]);
+        stopping.cancel();
+        here.await.unwrap().unwrap();
+        pool.served().await.unwrap();
+        released.cancel();
+        pool.join().await;
+    }
+}
