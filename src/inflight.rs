@@ -12,9 +12,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio_util::sync::CancellationToken;
-
 use crate::accumulate::{Event, ReplyAccumulator};
+use crate::cut::{Cut, CutWait};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::metrics::Cause;
@@ -41,7 +40,7 @@ pub struct InFlight {
     /// Cancelled when the client no longer receives this reply: it went
     /// away, or the reply was interrupted. The relay task then drains or
     /// closes the upstream; the response body ends.
-    cut: CancellationToken,
+    cut: Arc<Cut>,
     progress: Mutex<Progress>,
 }
 
@@ -87,7 +86,7 @@ impl InFlight {
         Self {
             recorder,
             turn_id,
-            cut: CancellationToken::new(),
+            cut: Arc::default(),
             progress: Mutex::default(),
         }
     }
@@ -100,8 +99,14 @@ impl InFlight {
         self.recorder.is_some()
     }
 
-    pub fn cut_token(&self) -> &CancellationToken {
-        &self.cut
+    /// The client no longer receives this reply.
+    pub fn is_cut(&self) -> bool {
+        self.cut.is_cut()
+    }
+
+    /// Resolves when the client stops receiving this reply.
+    pub fn cut_wait(&self) -> CutWait {
+        self.cut.wait()
     }
 
     fn progress(&self) -> MutexGuard<'_, Progress> {
@@ -204,7 +209,7 @@ impl InFlight {
         // Only now that the record is queued: the client's response ends
         // on the cut, and a shutdown waiting for it must find the record
         // ahead of its final flush.
-        self.cut.cancel();
+        self.cut.cut();
         Some((self.stamped(record, p.started_ms), ticket))
     }
 

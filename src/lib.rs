@@ -11,9 +11,11 @@ pub mod app;
 pub mod auth;
 pub mod cache;
 pub mod config;
+pub mod cut;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod idle;
 pub mod inflight;
 pub mod interruption;
 pub mod lifecycle;

@@ -12,18 +12,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::cut::CutWait;
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::accumulate::{self, Event};
 use crate::config::InterruptionConfig;
 use crate::error::{ApiError, RequestError, UpstreamError};
+use crate::idle::BodyError;
 use crate::inflight::InFlight;
 use crate::metrics::Metrics;
 use crate::storage::StorageError;
@@ -103,7 +104,7 @@ pub async fn start(exchange: Exchange) -> Head {
             Err(ApiError::Internal)
         }),
         // Interrupted before the answer began (barge-in, interrupt endpoint).
-        _ = flight.cut_token().cancelled() => Err(RequestError::Interrupted.into()),
+        _ = flight.cut_wait() => Err(RequestError::Interrupted.into()),
     };
     guard.disarm();
     head
@@ -182,17 +183,16 @@ async fn whole(
     respond: oneshot::Sender<Head>,
     called: Instant,
 ) {
-    let bytes = match watch.run(resp.bytes()).await {
+    let bytes = match watch.run(read_whole(ex.upstream.body(resp))).await {
         None => return ex.flight.drained(false),
         Some(Ok(b)) => b,
         Some(Err(e)) => {
-            let err = if e.is_timeout() {
-                ex.upstream.timeout_error()
-            } else {
-                UpstreamError::Unreachable {
+            let err = match e {
+                BodyError::Idle(_) => ex.upstream.timeout_error(),
+                BodyError::Broke(e) => UpstreamError::Unreachable {
                     upstream: ex.upstream.name.clone(),
                     reason: format!("response body broke off: {e}"),
-                }
+                },
             };
             ex.metrics.upstream_error(&ex.upstream.name);
             ex.flight.failed(&err.to_string());
@@ -247,6 +247,24 @@ async fn whole(
     let _ = respond.send(Ok(response(status, headers, Body::from(bytes))));
 }
 
+/// The whole body: most answers arrive in one piece, which is kept as is.
+async fn read_whole(
+    mut body: impl futures_util::Stream<Item = Result<Bytes, BodyError>> + Unpin,
+) -> Result<Bytes, BodyError> {
+    let Some(first) = body.next().await.transpose()? else {
+        return Ok(Bytes::new());
+    };
+    let Some(second) = body.next().await.transpose()? else {
+        return Ok(first);
+    };
+    let mut all = BytesMut::from(&first[..]);
+    all.extend_from_slice(&second);
+    while let Some(more) = body.next().await.transpose()? {
+        all.extend_from_slice(&more);
+    }
+    Ok(all.freeze())
+}
+
 /// A streamed answer: every chunk goes to the client as it arrives, and
 /// through the SSE parser into the record.
 async fn stream(
@@ -266,7 +284,7 @@ async fn stream(
     let mut first_token = true;
 
     let mut parser = sse_parse::SseParser::new().max_buffer(MAX_EVENT_BYTES);
-    let mut upstream = resp.bytes_stream();
+    let mut upstream = ex.upstream.body(resp);
     let mut drained = 0usize;
     let end = loop {
         let bytes = match watch.run(upstream.next()).await {
@@ -312,7 +330,7 @@ async fn stream(
         tokio::select! {
             biased;
             _ = tx.send(Chunk { bytes, events, broke: None }) => {}
-            _ = ex.flight.cut_token().cancelled() => {}
+            _ = watch.cut() => {}
         }
     };
     match end {
@@ -362,7 +380,7 @@ async fn send_break(tx: &mpsc::Sender<Chunk>, why: &str, flight: &InFlight) {
     // A client that stopped reading must not keep this task alive.
     let handed_over = tokio::select! {
         sent = tx.send(chunk) => sent.is_ok(),
-        _ = flight.cut_token().cancelled() => false,
+        _ = flight.cut_wait() => false,
         _ = tokio::time::sleep(ERROR_EVENT_WAIT) => false,
     };
     if !handed_over {
@@ -382,6 +400,8 @@ fn error_message(body: &[u8]) -> String {
 /// goes on until the drain deadline.
 struct CutWatch {
     flight: Arc<InFlight>,
+    /// One wait on the cut for the whole exchange, not a new one per chunk.
+    cut: CutWait,
     capture: bool,
     drain_for: Duration,
     deadline: Option<Instant>,
@@ -391,6 +411,7 @@ impl CutWatch {
     fn new(ex: &Exchange) -> Self {
         Self {
             flight: Arc::clone(&ex.flight),
+            cut: ex.flight.cut_wait(),
             capture: ex.drain.capture_original && ex.flight.records(),
             drain_for: Duration::from_secs(ex.drain.drain_timeout_secs),
             deadline: None,
@@ -398,7 +419,12 @@ impl CutWatch {
     }
 
     fn is_cut(&self) -> bool {
-        self.flight.cut_token().is_cancelled()
+        self.flight.is_cut()
+    }
+
+    /// Resolves when the reply is cut (at once if it already is).
+    fn cut(&mut self) -> &mut CutWait {
+        &mut self.cut
     }
 
     /// `None` when the wait was abandoned.
@@ -409,7 +435,7 @@ impl CutWatch {
                 tokio::select! {
                     biased;
                     out = &mut fut => return Some(out),
-                    _ = self.flight.cut_token().cancelled() => {}
+                    _ = &mut self.cut => {}
                 }
             }
             if !self.capture {
@@ -436,7 +462,7 @@ struct Chunk {
 /// the end (the client went away), it settles the reply as interrupted.
 struct RelayBody {
     rx: mpsc::Receiver<Chunk>,
-    cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    cut: CutWait,
     flight: Arc<InFlight>,
     /// The end, waiting for its record to be durable: the last chunk (or
     /// `None` for the end of the stream) and the durability future.
@@ -450,7 +476,7 @@ impl RelayBody {
     fn new(rx: mpsc::Receiver<Chunk>, flight: Arc<InFlight>) -> Self {
         Self {
             rx,
-            cut: Box::pin(flight.cut_token().clone().cancelled_owned()),
+            cut: flight.cut_wait(),
             flight,
             holding: None,
             ended: false,
@@ -490,7 +516,7 @@ impl futures_util::Stream for RelayBody {
                     }
                 };
             }
-            if self.cut.as_mut().poll(cx).is_ready() {
+            if Pin::new(&mut self.cut).poll(cx).is_ready() {
                 self.ended = true;
                 return Poll::Ready(None);
             }

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use bytes::Bytes;
+use futures_util::Stream;
 use wildmatch::WildMatch;
 
 use crate::config::UpstreamConfig;
 use crate::error::UpstreamError;
+use crate::idle::IdleLimit;
 use crate::mock::{MockKind, MockServer, Pace};
 use crate::vendor::VendorRules;
 
@@ -31,6 +33,8 @@ pub struct Upstream {
     patterns: Vec<WildMatch>,
     headers: HeaderMap,
     timeout: Duration,
+    /// The longest silence allowed while reading an answer's body.
+    read_timeout: Duration,
     /// One client (and so one connection pool) per serving thread, so
     /// that a request's upstream connection lives on its own thread.
     clients: Box<[reqwest::Client]>,
@@ -79,7 +83,6 @@ impl Upstream {
                 }
                 client
                     .connect_timeout(Duration::from_secs(c.connect_timeout_secs))
-                    .read_timeout(Duration::from_secs(c.read_timeout_secs))
                     .user_agent(concat!("recall/", env!("CARGO_PKG_VERSION")))
                     .build()
                     .map_err(|e| fail(e.to_string()))
@@ -119,6 +122,7 @@ impl Upstream {
             patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
             headers,
             timeout: Duration::from_secs(c.timeout_secs),
+            read_timeout: Duration::from_secs(c.read_timeout_secs),
             clients,
             mock,
         })
@@ -191,6 +195,15 @@ impl Upstream {
             }),
             Ok(Ok(resp)) => Ok(resp),
         }
+    }
+
+    /// The answer's body, ending in an error once the upstream has been
+    /// silent for `read_timeout_secs`.
+    pub fn body(
+        &self,
+        resp: reqwest::Response,
+    ) -> IdleLimit<impl Stream<Item = reqwest::Result<Bytes>> + Unpin> {
+        IdleLimit::new(resp.bytes_stream(), self.read_timeout)
     }
 
     pub fn timeout_error(&self) -> UpstreamError {

@@ -58,6 +58,17 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "a non-streaming body that stalls (idle timeout)",
+            reply: Some(Reply::JsonInPieces {
+                chunks: vec![
+                    (z, r#"{"id": "chatcmpl-1", "object": "chat.com"#.to_owned()),
+                    (Duration::from_secs(5), r#"pletion"}"#.to_owned()),
+                ],
+            }),
+            stream: false,
+            expect: Expect::Status(504, Some("upstream_timeout")),
+        },
+        Case {
             name: "reset mid-stream",
             reply: Some(Reply::Sse {
                 chunks: vec![

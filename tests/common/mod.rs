@@ -25,6 +25,8 @@ pub enum Reply {
     },
     /// An SSE stream: each chunk is written after its delay.
     Sse { chunks: Vec<(Duration, String)> },
+    /// A JSON body written in pieces, each after its delay.
+    JsonInPieces { chunks: Vec<(Duration, String)> },
     /// Never answers.
     Hang,
     /// Any body with any content type.
@@ -166,6 +168,12 @@ async fn mock_handler(
             json_response(500, Value::Null, &[])
         }
         Reply::Sse { chunks } => sse_response(chunks, state),
+        Reply::JsonInPieces { chunks } => {
+            let mut r = sse_response(chunks, state);
+            r.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            r
+        }
         Reply::Raw {
             status,
             content_type,
