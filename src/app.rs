@@ -162,7 +162,8 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// Serves until `shutdown` resolves, on `[server] worker_threads` threads:
-/// this one, which accepts, and one runtime per further thread (`threads`).
+/// this runtime's, which accepts, and one runtime per further thread
+/// (`threads`).
 /// Then: stop accepting, let replies in flight finish for up to
 /// `shutdown_grace_secs`, record the rest as interrupted, hand memory that
 /// would be lost to the webhook, flush storage and the webhook queue.
@@ -172,15 +173,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stopping = CancellationToken::new();
-    let released = CancellationToken::new();
-    // Dropped with this future (a test's runtime ending), the threads end too.
-    let _stop_threads = (stopping.clone().drop_guard(), released.clone().drop_guard());
     let mut pool = Pool::start(
         app.config.server.serving_threads() - 1,
         || router(Arc::clone(&app)),
         listener.local_addr()?,
         &stopping,
-        &released,
     )?;
     let sweeper = tokio::spawn(crate::lifecycle::sweeper(
         Arc::clone(&app),
@@ -218,7 +215,6 @@ pub async fn serve(
     let _ = enforcer.await;
     sweeper.abort();
     app.wind_down().await;
-    released.cancel();
     pool.join().await;
     here.and(elsewhere)
 }

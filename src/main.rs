@@ -147,13 +147,17 @@ fn main() -> ExitCode {
         println!("{}", config.masked_toml());
         return ExitCode::SUCCESS;
     }
-    // This thread is the first serving thread; `recall::serve` starts the
+    // The first serving thread's runtime; `recall::serve` starts the
     // others, each with a runtime of its own (see `recall::threads`).
-    match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt.block_on(serve(config, path)),
+    match recall::threads::runtime(0) {
+        // Spawned, so that serving runs on the runtime's worker thread
+        // rather than on this one, which only waits.
+        Ok(rt) => rt.block_on(async {
+            tokio::spawn(serve(config, path)).await.unwrap_or_else(|e| {
+                eprintln!("recall: {e}");
+                ExitCode::from(1)
+            })
+        }),
         Err(e) => {
             eprintln!("recall: cannot start the runtime: {e}");
             ExitCode::from(1)

@@ -1,25 +1,35 @@
-//! Serving threads: each runs a single-threaded runtime of its own and
-//! keeps its own upstream connection pools, so that a request, its relay
-//! task and its upstream connection stay on one thread.
+//! Serving threads: each runs a tokio runtime with one worker of its own
+//! and keeps its own upstream connection pools, so that a request, its
+//! relay task and its upstream connection stay on one thread.
 //!
-//! With one multi-threaded runtime, work stealing moved a request's tasks
-//! between threads: on 2 cores shared with its load, a request cost 60 µs
-//! of CPU instead of 45 µs, the difference being cross-thread wakeups
+//! With one runtime of several workers, work stealing moved a request's
+//! tasks between threads: on 2 cores shared with its load, a request cost
+//! 60 µs of CPU instead of 45 µs, the difference being cross-thread wakeups
 //! (BENCHMARKS.md). Here only whole connections cross threads, once: the
-//! thread that runs `serve` accepts them all and hands them out in turn,
+//! first serving thread accepts them all and hands them out in turn,
 //! keeping its own share. One listening socket (not one `SO_REUSEPORT`
 //! socket per thread) keeps "address in use" an error: a second recall on
 //! the same port must fail, not silently take half the connections.
+//!
+//! Each runtime is tokio's multi-threaded kind with one worker, which owns
+//! its thread: dropping the runtime stops it, and nothing has to keep a
+//! thread of ours inside `block_on` until the drains are done.
+//!
+//! The price, on a machine whose cores the load also needs: a thread that
+//! the OS preempts holds up its own connections, where a shared runtime's
+//! other worker would have taken them. Streaming's p99 gap between chunks
+//! rose from +0.06 to +0.15 ms that way, for a quarter more requests a
+//! second at full load (BENCHMARKS.md).
 
 use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use axum::serve::Listener;
 use axum::Router;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -33,8 +43,19 @@ pub fn index() -> usize {
     INDEX.with(Cell::get)
 }
 
-/// How long a serving thread waits for the tasks left on its runtime once
-/// the process is done with it.
+/// A runtime for serving thread `k`: one worker, named after it, that
+/// knows its index.
+pub fn runtime(k: usize) -> io::Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(format!("recall-serve-{k}"))
+        .on_thread_start(move || INDEX.with(|i| i.set(k)))
+        .enable_all()
+        .build()
+}
+
+/// How long a serving runtime waits for the tasks left on it once the
+/// process is done with it.
 const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 
 type Handed = (std::net::TcpStream, SocketAddr);
@@ -44,51 +65,39 @@ pub struct Pool {
     inboxes: Vec<mpsc::UnboundedSender<Handed>>,
     /// Each thread's result of serving, sent when its connections are done.
     served: Vec<oneshot::Receiver<io::Result<()>>>,
-    threads: Vec<JoinHandle<()>>,
+    runtimes: Vec<Runtime>,
 }
 
 impl Pool {
     /// Starts `extra` serving threads. Each stops accepting when `stopping`
-    /// is cancelled, and keeps its runtime (and the tasks on it, such as
-    /// drains after a client left) running until `released` is.
+    /// is cancelled, and keeps running the tasks on it (drains after a
+    /// client left, say) until the pool is joined or dropped.
     pub fn start(
         extra: usize,
         router: impl Fn() -> Router,
         addr: SocketAddr,
         stopping: &CancellationToken,
-        released: &CancellationToken,
     ) -> io::Result<Self> {
         let mut pool = Self {
             inboxes: Vec::with_capacity(extra),
             served: Vec::with_capacity(extra),
-            threads: Vec::with_capacity(extra),
+            runtimes: Vec::with_capacity(extra),
         };
         for k in 1..=extra {
             let (inbox, rx) = mpsc::unbounded_channel();
             let (done, served) = oneshot::channel();
-            // Built here, so that a failure is this call's error.
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let runtime = runtime(k)?;
             let app = router();
             let stopping = stopping.clone();
-            let released = released.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("recall-serve-{k}"))
-                .spawn(move || {
-                    INDEX.with(|i| i.set(k));
-                    runtime.block_on(async move {
-                        let result = axum::serve(Handoff { rx, addr }, app)
-                            .with_graceful_shutdown(stopping.cancelled_owned())
-                            .await;
-                        let _ = done.send(result);
-                        released.cancelled().await;
-                    });
-                    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
-                })?;
+            runtime.spawn(async move {
+                let result = axum::serve(Handoff { rx, addr }, app)
+                    .with_graceful_shutdown(stopping.cancelled_owned())
+                    .await;
+                let _ = done.send(result);
+            });
             pool.inboxes.push(inbox);
             pool.served.push(served);
-            pool.threads.push(thread);
+            pool.runtimes.push(runtime);
         }
         Ok(pool)
     }
@@ -108,7 +117,7 @@ impl Pool {
     pub async fn served(&mut self) -> io::Result<()> {
         let mut first = Ok(());
         for served in self.served.drain(..) {
-            // A thread that ended without a word panicked; its connections
+            // A task that ended without a word panicked; its connections
             // are gone either way.
             let result = served
                 .await
@@ -120,15 +129,25 @@ impl Pool {
         first
     }
 
-    /// Waits for the threads to end, once they are released.
-    pub async fn join(self) {
-        let threads = self.threads;
+    /// Shuts the runtimes down, giving the tasks left on them a moment.
+    pub async fn join(mut self) {
+        let runtimes = std::mem::take(&mut self.runtimes);
         let _ = tokio::task::spawn_blocking(move || {
-            for t in threads {
-                let _ = t.join();
+            for rt in runtimes {
+                rt.shutdown_timeout(RUNTIME_SHUTDOWN);
             }
         })
         .await;
+    }
+}
+
+impl Drop for Pool {
+    /// Not joined (a test's runtime ended with the server in it): the
+    /// runtimes stop without waiting, which is allowed inside a runtime.
+    fn drop(&mut self) {
+        for rt in self.runtimes.drain(..) {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -234,8 +253,8 @@ mod tests {
     async fn connections_go_round_the_threads_and_are_served_there() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (stopping, released) = (CancellationToken::new(), CancellationToken::new());
-        let mut pool = Pool::start(2, which_thread, addr, &stopping, &released).unwrap();
+        let stopping = CancellationToken::new();
+        let mut pool = Pool::start(2, which_thread, addr, &stopping).unwrap();
         let dispatch = pool.dispatch(listener);
         let here = tokio::spawn(
             axum::serve(dispatch, which_thread())
@@ -259,7 +278,6 @@ mod tests {
         stopping.cancel();
         here.await.unwrap().unwrap();
         pool.served().await.unwrap();
-        released.cancel();
         pool.join().await;
     }
 }

@@ -414,7 +414,7 @@ async fn worker_threads_sets_the_serving_threads() {
         return;
     }
     let upstream = MockUpstream::start().await;
-    let workers = |n: usize| {
+    for n in [1usize, 3] {
         let db = temp_db(&format!("workers-{n}"));
         let recall = Process::start(&process_config(
             &db,
@@ -422,13 +422,35 @@ async fn worker_threads_sets_the_serving_threads() {
             &format!("worker_threads = {n}"),
         ));
         let at = recall.listening.find("workers=").expect("workers logged");
-        recall.listening[at + 8..]
+        let logged: usize = recall.listening[at + 8..]
             .split_whitespace()
             .next()
             .unwrap()
-            .parse::<usize>()
+            .parse()
+            .unwrap();
+        assert_eq!(logged, n);
+        // Connections go round the threads: each of these is a new one.
+        for i in 0..2 * n {
+            let resp = reqwest::Client::new()
+                .post(format!("{}/v1/chat/completions", recall.url))
+                .header("x-session-id", format!("threads-{n}-{i}"))
+                .json(&json!({"model": "m", "messages": [user("hi")]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+        // One serving thread per setting, each named after its index.
+        let tasks = format!("/proc/{}/task", recall.child.id());
+        let mut serving: Vec<String> = std::fs::read_dir(tasks)
             .unwrap()
-    };
-    assert_eq!(workers(1), 1);
-    assert_eq!(workers(3), 3);
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_owned())
+            .filter(|name| name.starts_with("recall-serve-"))
+            .collect();
+        serving.sort();
+        serving.dedup();
+        let want: Vec<String> = (0..n).map(|k| format!("recall-serve-{k}")).collect();
+        assert_eq!(serving, want);
+    }
 }
