@@ -201,16 +201,12 @@ async fn whole(
         }
     };
     let timing = ex.answered(called);
-    let parsed: Option<serde_json::Value> = status
+    let reply = status
         .is_success()
-        .then(|| serde_json::from_slice(&bytes).ok())
+        .then(|| accumulate::completion_reply(&bytes))
         .flatten();
-    let reply = parsed
-        .as_ref()
-        .and_then(|body| Some((accumulate::message_from_completion(body)?, body)));
     match reply {
-        Some((reply, body)) => {
-            let reason = accumulate::finish_reason(body);
+        Some((reply, reason)) => {
             // The body is released only once its record is durable.
             if let Err(e) = ex.flight.completed_whole(reply, reason).durable().await {
                 tracing::error!(error = %e, "reply not stored");
