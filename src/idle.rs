@@ -21,6 +21,9 @@ pub enum BodyError {
     Idle(Duration),
     #[error(transparent)]
     Broke(reqwest::Error),
+    /// A whole answer past recall's cap (`relay::read_whole`).
+    #[error("an answer larger than {} MiB", .0 >> 20)]
+    TooLarge(usize),
 }
 
 pub struct IdleLimit<S> {

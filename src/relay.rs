@@ -37,6 +37,10 @@ const RELAY_BUFFER: usize = 64;
 /// hundred bytes; without a cap, an upstream that never ends its event
 /// would grow the parser's buffer until the process ran out of memory.
 const MAX_EVENT_BYTES: usize = 8 << 20;
+/// The largest non-streaming answer taken from an upstream. A completion
+/// is a few kilobytes; without a cap, an upstream that never ends its body
+/// would grow it until the process ran out of memory.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
 /// How long a stalled client may hold up the error event of a broken stream.
 const ERROR_EVENT_WAIT: Duration = Duration::from_secs(10);
 
@@ -183,12 +187,17 @@ async fn whole(
     respond: oneshot::Sender<Head>,
     called: Instant,
 ) {
-    let bytes = match watch.run(read_whole(ex.upstream.body(resp))).await {
+    let body = ex.upstream.body(resp);
+    let bytes = match watch.run(read_whole(body, MAX_ANSWER_BYTES)).await {
         None => return ex.flight.drained(false),
         Some(Ok(b)) => b,
         Some(Err(e)) => {
             let err = match e {
                 BodyError::Idle(_) => ex.upstream.timeout_error(),
+                BodyError::TooLarge(_) => UpstreamError::Invalid {
+                    upstream: ex.upstream.name.clone(),
+                    reason: e.to_string(),
+                },
                 BodyError::Broke(e) => UpstreamError::Unreachable {
                     upstream: ex.upstream.name.clone(),
                     reason: format!("response body broke off: {e}"),
@@ -243,20 +252,29 @@ async fn whole(
     let _ = respond.send(Ok(response(status, headers, Body::from(bytes))));
 }
 
-/// The whole body: most answers arrive in one piece, which is kept as is.
+/// The whole body, up to `max` bytes: most answers arrive in one piece,
+/// which is kept as is.
 async fn read_whole(
     mut body: impl futures_util::Stream<Item = Result<Bytes, BodyError>> + Unpin,
+    max: usize,
 ) -> Result<Bytes, BodyError> {
     let Some(first) = body.next().await.transpose()? else {
         return Ok(Bytes::new());
     };
+    if first.len() > max {
+        return Err(BodyError::TooLarge(max));
+    }
     let Some(second) = body.next().await.transpose()? else {
         return Ok(first);
     };
     let mut all = BytesMut::from(&first[..]);
-    all.extend_from_slice(&second);
-    while let Some(more) = body.next().await.transpose()? {
-        all.extend_from_slice(&more);
+    let mut more = Some(second);
+    while let Some(piece) = more {
+        if all.len() + piece.len() > max {
+            return Err(BodyError::TooLarge(max));
+        }
+        all.extend_from_slice(&piece);
+        more = body.next().await.transpose()?;
     }
     Ok(all.freeze())
 }

@@ -69,6 +69,21 @@ fn cases() -> Vec<Case> {
             expect: Expect::Status(504, Some("upstream_timeout")),
         },
         Case {
+            name: "a non-streaming answer past recall's 64 MiB cap",
+            reply: Some(Reply::Raw {
+                status: 200,
+                content_type: "application/json",
+                // A valid completion: without the cap it would be a 200.
+                body: format!(
+                    r#"{{"choices": [{{"index": 0, "finish_reason": "stop",
+                        "message": {{"role": "assistant", "content": "{}"}}}}]}}"#,
+                    "x".repeat(65 << 20)
+                ),
+            }),
+            stream: false,
+            expect: Expect::Status(502, Some("upstream_invalid_response")),
+        },
+        Case {
             name: "reset mid-stream",
             reply: Some(Reply::Sse {
                 chunks: vec![
