@@ -470,6 +470,14 @@ impl Stats {
         self.errors += 1;
         *self.failures.entry(kind).or_default() += 1;
     }
+
+    /// Adds another worker's failures to these.
+    fn absorb_failures(&mut self, other: Stats) {
+        self.errors += other.errors;
+        for (kind, n) in other.failures {
+            *self.failures.entry(kind).or_default() += n;
+        }
+    }
 }
 
 /// Every failure of the run, by path, scenario and kind, printed at the end.
@@ -573,21 +581,19 @@ async fn max_rate(target: &Target, conns: usize, secs: f64) -> f64 {
                         Err(kind) => failures.failed(kind),
                     }
                 }
-                (n, failures.failures)
+                (n, failures)
             })
         })
         .collect();
     let mut total = 0;
-    let mut failures = BTreeMap::new();
+    let mut all = Stats::default();
     for w in workers {
-        if let Ok((n, failed)) = w.await {
+        if let Ok((n, failures)) = w.await {
             total += n;
-            for (kind, k) in failed {
-                *failures.entry(kind).or_default() += k;
-            }
+            all.absorb_failures(failures);
         }
     }
-    note_failures(&target.name, "highest rate", &failures);
+    note_failures(&target.name, "highest rate", &all.failures);
     total as f64 / secs
 }
 
@@ -976,10 +982,7 @@ async fn sequential(target: &Target, s: &Scenario) -> Stats {
     for w in workers {
         if let Ok((lat, failures)) = w.await {
             stats.latency.extend(lat);
-            for (kind, n) in failures.failures {
-                stats.errors += n;
-                *stats.failures.entry(kind).or_default() += n;
-            }
+            stats.absorb_failures(failures);
         }
     }
     stats.elapsed = start.elapsed().as_secs_f64();

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::cut::CutWait;
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -23,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::accumulate::{self, Event};
 use crate::config::InterruptionConfig;
+use crate::cut::CutWait;
 use crate::error::{ApiError, RequestError, UpstreamError};
 use crate::idle::BodyError;
 use crate::inflight::InFlight;
@@ -268,15 +268,17 @@ async fn read_whole(
         return Ok(first);
     };
     let mut all = BytesMut::from(&first[..]);
-    let mut more = Some(second);
-    while let Some(piece) = more {
+    let mut piece = second;
+    loop {
         if all.len() + piece.len() > max {
             return Err(BodyError::TooLarge(max));
         }
         all.extend_from_slice(&piece);
-        more = body.next().await.transpose()?;
+        match body.next().await.transpose()? {
+            Some(next) => piece = next,
+            None => return Ok(all.freeze()),
+        }
     }
-    Ok(all.freeze())
 }
 
 /// A streamed answer: every chunk goes to the client as it arrives, and
@@ -344,7 +346,7 @@ async fn stream(
         tokio::select! {
             biased;
             _ = tx.send(Chunk { bytes, events, broke: None }) => {}
-            _ = watch.cut() => {}
+            _ = &mut watch.cut => {}
         }
     };
     match end {
@@ -434,11 +436,6 @@ impl CutWatch {
 
     fn is_cut(&self) -> bool {
         self.flight.is_cut()
-    }
-
-    /// Resolves when the reply is cut (at once if it already is).
-    fn cut(&mut self) -> &mut CutWait {
-        &mut self.cut
     }
 
     /// `None` when the wait was abandoned.
