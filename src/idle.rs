@@ -4,7 +4,11 @@
 //! drops a timer for every frame: at 2,000 streams a second of 50 chunks,
 //! 100,000 timer-wheel insertions and removals a second. This keeps one
 //! timer per body, armed only while a read waits, and moves it only when it
-//! fires early: after a read, it just notes the time.
+//! fires early.
+//!
+//! Silence is counted from when a read starts waiting, not from the last
+//! frame: a streamed body is read only as fast as its client takes it, and a
+//! client that paused must not make a live upstream look silent.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,7 +33,8 @@ pub enum BodyError {
 pub struct IdleLimit<S> {
     inner: S,
     limit: Duration,
-    last_read: Instant,
+    /// When the read under way began to wait; `None` after a frame.
+    waiting_since: Option<Instant>,
     /// Set on the first read that has to wait.
     timer: Option<Pin<Box<Sleep>>>,
     timed_out: bool,
@@ -40,7 +45,7 @@ impl<S> IdleLimit<S> {
         Self {
             inner,
             limit,
-            last_read: Instant::now(),
+            waiting_since: None,
             timer: None,
             timed_out: false,
         }
@@ -59,10 +64,11 @@ where
             return Poll::Ready(None);
         }
         if let Poll::Ready(item) = Pin::new(&mut this.inner).poll_next(cx) {
-            this.last_read = Instant::now();
+            this.waiting_since = None;
             return Poll::Ready(item.map(|r| r.map_err(BodyError::Broke)));
         }
-        let due = this.last_read + this.limit;
+        let since = *this.waiting_since.get_or_insert_with(Instant::now);
+        let due = since + this.limit;
         let timer = this
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
@@ -71,7 +77,7 @@ where
                 return Poll::Pending;
             }
             // It fired for a deadline that reads since have moved on.
-            let due = this.last_read + this.limit;
+            let due = since + this.limit;
             if due <= Instant::now() {
                 this.timed_out = true;
                 return Poll::Ready(Some(Err(BodyError::Idle(this.limit))));
@@ -127,5 +133,17 @@ mod tests {
             "{waited:?}"
         );
         assert!(body.next().await.is_none(), "nothing after the timeout");
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_paused_longer_than_the_limit_is_not_timed_out() {
+        // A streamed body is read at its client's pace: the client paused
+        // for 600 ms, then the upstream took 100 ms for its next frame.
+        let mut body = IdleLimit::new(chunks(&[0, 100, 100]), LIMIT);
+        assert!(body.next().await.unwrap().is_ok());
+        assert!(body.next().await.unwrap().is_ok());
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(body.next().await.unwrap().is_ok());
+        assert!(body.next().await.is_none());
     }
 }

@@ -152,9 +152,11 @@ impl InFlight {
         }
     }
 
-    pub fn on_relayed(&self, events: &[Event]) {
+    /// Events received and handed to the client's connection at once.
+    pub fn on_passed(&self, events: &[Event]) {
         let mut p = self.progress();
         for e in events {
+            p.received.push(e);
             p.relayed.push(e);
         }
     }

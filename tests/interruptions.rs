@@ -248,6 +248,46 @@ async fn barge_in_settles_the_old_reply_first_and_never_waits_for_its_drain() {
 }
 
 #[tokio::test]
+async fn a_barge_in_drains_the_old_upstream_even_while_its_client_has_stopped_reading() {
+    // The old client keeps its connection but reads nothing more: once the
+    // socket buffers between it and recall are full, recall no longer
+    // relays A's chunks. The cut must still start A's drain at once, not
+    // when that client next reads or goes away.
+    // No history limit drops A; the window keeps A out of B's upstream call.
+    let config = "[interruption]\ndrain_max_bytes = 67108864\n[history]\nmax_bytes = 0\nwindow_chars = 1000\n";
+    let h = Harness::start(config, "").await;
+    let filler = "x".repeat(16 * 1024);
+    let mut pieces = vec!["Why did "];
+    pieces.extend(std::iter::repeat_n(filler.as_str(), 1_500));
+    h.upstream.push(sse_text(&pieces, Duration::ZERO));
+    let full_len = pieces.iter().map(|p| p.len()).sum::<usize>();
+    let (stalled, _) = stream_until(&h, "stall", "joke?", "Why did").await;
+    // Long enough for A's 24 MB to fill every buffer on the way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let (status, body) = h
+        .chat(
+            Some("stall"),
+            json!({"model": "m", "messages": [user("never mind")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let a = wait_for(&h, "stall", 1, Duration::from_secs(20), original_complete).await;
+    assert!(interrupted(&a));
+    assert_eq!(a["metadata"]["original"].as_str().unwrap().len(), full_len);
+    assert!(
+        a["content"].as_str().unwrap().len() < full_len,
+        "the stalled client was sent all of A"
+    );
+    assert_eq!(
+        h.upstream.streams_cut(),
+        0,
+        "A's upstream was read to its end"
+    );
+    drop(stalled);
+}
+
+#[tokio::test]
 async fn reject_mode_answers_409_and_changes_nothing() {
     let h = Harness::start("[interruption]\non_new_request = \"reject\"\n", "").await;
     h.upstream.push(sse_text(&JOKE, Duration::from_millis(100)));

@@ -1,15 +1,17 @@
 //! Calling the upstream, relaying its answer, and settling the reply.
 //!
-//! The call runs in a task of its own, not in the request handler. When the
-//! client goes away, only the handler's future and the response body are
-//! dropped; their guards settle the reply as interrupted at once, and the
-//! task goes on reading the upstream (within the drain limits) to record
-//! the complete original, or closes it at once when configured to.
+//! The call runs in a task of its own, not in the request handler, and the
+//! task lives until the exchange is over. When the client goes away, only
+//! the handler's future and the response body are dropped; their guards
+//! settle the reply as interrupted at once, and the task goes on reading
+//! the upstream (within the drain limits) to record the complete original,
+//! or closes it at once when configured to. A streamed answer is read by
+//! its response body while the client takes it (`stream`).
+
+mod stream;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,32 +19,22 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::accumulate::{self, Event};
+use crate::accumulate;
 use crate::config::InterruptionConfig;
 use crate::cut::CutWait;
 use crate::error::{ApiError, RequestError, UpstreamError};
 use crate::idle::BodyError;
 use crate::inflight::InFlight;
 use crate::metrics::Metrics;
-use crate::storage::StorageError;
 use crate::upstream::{relayed_response_headers, Upstream};
 
-/// Chunks buffered between the upstream reader and a slow client.
-const RELAY_BUFFER: usize = 64;
-
-/// The largest SSE event taken from an upstream. A chat chunk is a few
-/// hundred bytes; without a cap, an upstream that never ends its event
-/// would grow the parser's buffer until the process ran out of memory.
-const MAX_EVENT_BYTES: usize = 8 << 20;
 /// The largest non-streaming answer taken from an upstream. A completion
 /// is a few kilobytes; without a cap, an upstream that never ends its body
 /// would grow it until the process ran out of memory.
 const MAX_ANSWER_BYTES: usize = 64 << 20;
-/// How long a stalled client may hold up the error event of a broken stream.
-const ERROR_EVENT_WAIT: Duration = Duration::from_secs(10);
 
 pub struct Exchange {
     pub upstream: Arc<Upstream>,
@@ -171,7 +163,7 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if status.is_success() && is_sse {
         let timing = ex.answered(called);
-        stream(&ex, &mut watch, resp, status, headers, respond, timing).await;
+        stream::relay(&ex, &mut watch, resp, status, headers, respond, timing).await;
     } else {
         whole(&ex, &mut watch, resp, status, headers, respond, called).await;
     }
@@ -281,129 +273,6 @@ async fn read_whole(
     }
 }
 
-/// A streamed answer: every chunk goes to the client as it arrives, and
-/// through the SSE parser into the record.
-async fn stream(
-    ex: &Exchange,
-    watch: &mut CutWatch,
-    resp: reqwest::Response,
-    status: StatusCode,
-    headers: HeaderMap,
-    respond: oneshot::Sender<Head>,
-    timing: Timing,
-) {
-    let (tx, rx) = mpsc::channel(RELAY_BUFFER);
-    let body = RelayBody::new(rx, Arc::clone(&ex.flight));
-    ex.responding(&timing, true);
-    // If the handler is gone, the body is dropped here and its guard fires.
-    let _ = respond.send(Ok(response(status, headers, Body::from_stream(body))));
-    let mut first_token = true;
-
-    let mut parser = sse_parse::SseParser::new().max_buffer(MAX_EVENT_BYTES);
-    let mut upstream = ex.upstream.body(resp);
-    let mut drained = 0usize;
-    let end = loop {
-        let bytes = match watch.run(upstream.next()).await {
-            None => break End::Abandoned,
-            Some(None) => break End::Finished,
-            // A connection that fails after the reply's end lost nothing.
-            Some(Some(Err(_))) if ex.flight.received_complete() => break End::Finished,
-            Some(Some(Err(e))) => break End::Broke(format!("upstream stream broke off: {e}")),
-            Some(Some(Ok(bytes))) => bytes,
-        };
-        parser.feed(&bytes);
-        let mut events = Vec::new();
-        while let Some(event) = parser.next_event() {
-            events.push(Event::parse(&event.data));
-        }
-        if let Some(bad) = events.iter().position(|e| matches!(e, Event::Malformed)) {
-            // An event the client's SDK could not parse either: the stream
-            // is broken here. The events before it are received, not sent.
-            events.truncate(bad);
-            ex.flight.on_received(&events);
-            break End::Broke("upstream sent an event that is not JSON".into());
-        }
-        if parser.overflows() > 0 {
-            ex.flight.on_received(&events);
-            break End::Broke(format!(
-                "upstream sent an event larger than {} MiB",
-                MAX_EVENT_BYTES >> 20
-            ));
-        }
-        ex.flight.on_received(&events);
-        if first_token && events.iter().any(Event::carries_content) {
-            first_token = false;
-            ex.metrics
-                .first_token(&ex.upstream.name, timing.called.elapsed());
-        }
-        if watch.is_cut() {
-            drained += bytes.len();
-            if drained >= ex.drain.drain_max_bytes {
-                break End::Abandoned;
-            }
-            continue;
-        }
-        tokio::select! {
-            biased;
-            _ = tx.send(Chunk { bytes, events, broke: None }) => {}
-            _ = &mut watch.cut => {}
-        }
-    };
-    match end {
-        End::Finished if watch.is_cut() => ex.flight.drained(false),
-        End::Finished => {
-            // The body records the reply once its last chunk has gone out.
-            if !ex.flight.received_complete() {
-                let why = "upstream stream ended before the reply was complete";
-                send_break(&tx, why, &ex.flight).await;
-            }
-        }
-        End::Broke(why) => {
-            tracing::warn!(upstream = %ex.upstream.name, error = %why, "upstream stream failed");
-            ex.metrics.upstream_error(&ex.upstream.name);
-            if watch.is_cut() || ex.flight.received_complete() {
-                ex.flight.broke(&why);
-            } else {
-                send_break(&tx, &why, &ex.flight).await;
-            }
-        }
-        End::Abandoned => ex.flight.drained(false),
-    }
-    // Dropping the upstream here closes its connection when it is unfinished.
-}
-
-enum End {
-    Finished,
-    Broke(String),
-    /// Stopped reading: cut with `capture_original = false`, or the drain
-    /// limits were reached.
-    Abandoned,
-}
-
-/// Tells the client the stream broke, with an OpenAI-style error event
-/// (which the SDKs raise as an exception). The break is settled by the
-/// body when the event reaches it, after the chunks queued before it, so
-/// the record holds exactly what the client was sent; if the event cannot
-/// be handed over, it is settled here.
-async fn send_break(tx: &mpsc::Sender<Chunk>, why: &str, flight: &InFlight) {
-    let event = serde_json::json!({"error": {
-        "message": why, "type": "upstream_error", "param": null, "code": "stream_broken"}});
-    let chunk = Chunk {
-        bytes: Bytes::from(format!("data: {event}\n\n")),
-        events: Vec::new(),
-        broke: Some(why.to_owned()),
-    };
-    // A client that stopped reading must not keep this task alive.
-    let handed_over = tokio::select! {
-        sent = tx.send(chunk) => sent.is_ok(),
-        _ = flight.cut_wait() => false,
-        _ = tokio::time::sleep(ERROR_EVENT_WAIT) => false,
-    };
-    if !handed_over {
-        flight.broke(why);
-    }
-}
-
 fn error_message(body: &[u8]) -> String {
     serde_json::from_slice::<serde_json::Value>(body)
         .ok()
@@ -456,108 +325,6 @@ impl CutWatch {
         }
         let deadline = self.deadline?;
         tokio::time::timeout_at(deadline, fut).await.ok()
-    }
-}
-
-/// A chunk of the upstream's bytes and the events completed in it.
-struct Chunk {
-    bytes: Bytes,
-    events: Vec<Event>,
-    /// The upstream broke off here; `bytes` is the error event.
-    broke: Option<String>,
-}
-
-/// The streamed response body. What it hands to the connection counts as
-/// relayed. The reply's end (`[DONE]`, or the end of the stream) settles it
-/// as complete and is held back until its record is durable. Dropped before
-/// the end (the client went away), it settles the reply as interrupted.
-struct RelayBody {
-    rx: mpsc::Receiver<Chunk>,
-    cut: CutWait,
-    flight: Arc<InFlight>,
-    /// The end, waiting for its record to be durable: the last chunk (or
-    /// `None` for the end of the stream) and the durability future.
-    holding: Option<(Option<Bytes>, Durable)>,
-    ended: bool,
-}
-
-type Durable = Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>>;
-
-impl RelayBody {
-    fn new(rx: mpsc::Receiver<Chunk>, flight: Arc<InFlight>) -> Self {
-        Self {
-            rx,
-            cut: flight.cut_wait(),
-            flight,
-            holding: None,
-            ended: false,
-        }
-    }
-}
-
-impl futures_util::Stream for RelayBody {
-    type Item = Result<Bytes, std::io::Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            if self.ended {
-                return Poll::Ready(None);
-            }
-            if let Some((_, durable)) = self.holding.as_mut() {
-                let stored = std::task::ready!(durable.as_mut().poll(cx));
-                let (last, _) = self
-                    .holding
-                    .take()
-                    .unwrap_or((None, Box::pin(async { Ok(()) })));
-                if let Err(e) = stored {
-                    // The client must not be told the reply is complete
-                    // when it was not stored: an error event instead.
-                    tracing::error!(error = %e, "reply not stored; its end is not sent");
-                    let event = serde_json::json!({"error": {
-                        "message": format!("the reply could not be stored: {e}"),
-                        "type": "server_error", "param": null, "code": "storage_unavailable"}});
-                    self.ended = true;
-                    return Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))));
-                }
-                return match last {
-                    Some(bytes) => Poll::Ready(Some(Ok(bytes))),
-                    None => {
-                        self.ended = true;
-                        Poll::Ready(None)
-                    }
-                };
-            }
-            if Pin::new(&mut self.cut).poll(cx).is_ready() {
-                self.ended = true;
-                return Poll::Ready(None);
-            }
-            match std::task::ready!(self.rx.poll_recv(cx)) {
-                Some(chunk) => {
-                    self.flight.on_relayed(&chunk.events);
-                    if let Some(why) = &chunk.broke {
-                        self.flight.broke(why);
-                        return Poll::Ready(Some(Ok(chunk.bytes)));
-                    }
-                    if !chunk.events.contains(&Event::Done) {
-                        return Poll::Ready(Some(Ok(chunk.bytes)));
-                    }
-                    let durable = self.flight.delivered().boxed();
-                    self.holding = Some((Some(chunk.bytes), durable));
-                }
-                None => {
-                    let durable = self.flight.delivered().boxed();
-                    self.holding = Some((None, durable));
-                }
-            }
-        }
-    }
-}
-
-impl Drop for RelayBody {
-    fn drop(&mut self) {
-        if !self.ended {
-            self.flight.client_gone();
-        }
     }
 }
 
