@@ -206,7 +206,13 @@ async fn wait_ready(url: &str) {
 }
 
 async fn start_recall(mock: SocketAddr, backend: &str, max_messages: usize) -> Target {
-    start_recall_with(mock, backend, max_messages, 0).await
+    // RECALL_BENCH_THREADS sets `worker_threads` for every scenario but
+    // the highest-rate one, which runs both counts anyway.
+    let workers = std::env::var("RECALL_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    start_recall_with(mock, backend, max_messages, workers).await
 }
 
 /// `workers`: `[server] worker_threads` (0 = one per CPU).

@@ -1,17 +1,21 @@
 //! Calling the upstream, relaying its answer, and settling the reply.
 //!
-//! The call runs in a task of its own, not in the request handler, and the
-//! task lives until the exchange is over. When the client goes away, only
-//! the handler's future and the response body are dropped; their guards
-//! settle the reply as interrupted at once, and the task goes on reading
-//! the upstream (within the drain limits) to record the complete original,
-//! or closes it at once when configured to. A streamed answer is read by
-//! its response body while the client takes it (`stream`).
+//! The exchange (the call, the answer, the drain) is one future. The
+//! request's task runs it until the response head is ready; what is left
+//! then (a stream's relay and drain) moves to a task of its own, and so
+//! does all of it when the client goes away before the head. A client that
+//! leaves drops only the handler's future and the response body; their
+//! guards settle the reply as interrupted at once, and the exchange goes on
+//! reading the upstream (within the drain limits) to record the complete
+//! original, or closes it at once when configured to. A streamed answer is
+//! read by its response body while the client takes it (`stream`).
 
 mod stream;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -88,22 +92,65 @@ type Head = Result<Response, ApiError>;
 /// Starts the exchange and waits for the response to give the client.
 pub async fn start(exchange: Exchange) -> Head {
     let flight = Arc::clone(&exchange.flight);
-    let (tx, rx) = oneshot::channel();
-    // In the request's span, so that what the task logs names the request.
-    tokio::spawn(tracing::Instrument::in_current_span(run(exchange, tx)));
+    let (tx, mut rx) = oneshot::channel();
+    // In the request's span, so that what the exchange logs names the request.
+    let mut exchange = Detachable(Some(Box::pin(tracing::Instrument::in_current_span(run(
+        exchange, tx,
+    )))));
     // Dropped with this future when the client goes away before the head.
     let guard = GoneGuard(Some(Arc::clone(&flight)));
-    let head = tokio::select! {
-        head = rx => head.unwrap_or_else(|_| {
-            tracing::error!("relay task ended without an answer");
-            flight.failed("internal error: the relay task ended without an answer");
-            Err(ApiError::Internal)
-        }),
+    let mut cut = flight.cut_wait();
+    let head = std::future::poll_fn(|cx| {
+        exchange.poll(cx);
+        match Pin::new(&mut rx).poll(cx) {
+            Poll::Ready(Ok(head)) => return Poll::Ready(head),
+            Poll::Ready(Err(_)) if !flight.is_cut() => {
+                tracing::error!("the exchange ended without an answer");
+                flight.failed("internal error: the exchange ended without an answer");
+                return Poll::Ready(Err(ApiError::Internal));
+            }
+            _ => {}
+        }
         // Interrupted before the answer began (barge-in, interrupt endpoint).
-        _ = flight.cut_wait() => Err(RequestError::Interrupted.into()),
-    };
+        match Pin::new(&mut cut).poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(RequestError::Interrupted.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
     guard.disarm();
+    // The rest of the exchange (a stream's relay and drain) goes on alone.
+    drop(exchange);
     head
+}
+
+/// The exchange, run by the request's own task until the response head is
+/// ready, so that the head costs no hand-over between tasks. Whatever is
+/// left of it when dropped (the head is out, or the client went away
+/// before it) moves to a task of its own: a client that leaves never
+/// cancels the upstream call.
+struct Detachable(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Detachable {
+    fn poll(&mut self, cx: &mut Context<'_>) {
+        if let Some(exchange) = self.0.as_mut() {
+            if exchange.as_mut().poll(cx).is_ready() {
+                self.0 = None;
+            }
+        }
+    }
+}
+
+impl Drop for Detachable {
+    fn drop(&mut self) {
+        if let Some(exchange) = self.0.take() {
+            // Without a runtime (it is shutting down), the exchange ends
+            // here; the guards have settled the reply.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(exchange);
+            }
+        }
+    }
 }
 
 /// Settles the reply as interrupted if dropped while armed.
