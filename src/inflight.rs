@@ -51,8 +51,10 @@ struct Progress {
     claim: Option<Claim>,
     /// What was handed to the client's connection.
     relayed: ReplyAccumulator,
-    /// What the upstream sent.
-    received: ReplyAccumulator,
+    /// What the upstream sent, once it differs from `relayed` (after a
+    /// cut, or events held back at a break); until then `relayed` is it,
+    /// and a streamed event is accumulated once, not twice.
+    received: Option<ReplyAccumulator>,
     /// When the upstream's answer began, for the record's timestamp.
     started_ms: Option<i64>,
     outcome: Outcome,
@@ -63,6 +65,16 @@ struct Progress {
     /// When the turn's own messages are durable: the reply's record is not
     /// reported durable before them.
     opening: Ticket,
+}
+
+impl Progress {
+    fn received(&self) -> &ReplyAccumulator {
+        self.received.as_ref().unwrap_or(&self.relayed)
+    }
+
+    fn received_mut(&mut self) -> &mut ReplyAccumulator {
+        self.received.get_or_insert_with(|| self.relayed.clone())
+    }
 }
 
 /// What to do with a reply recorded complete (the answer cache stores it).
@@ -115,7 +127,7 @@ impl InFlight {
 
     /// The upstream has sent the end of its reply.
     pub fn received_complete(&self) -> bool {
-        self.progress().received.is_complete()
+        self.progress().received().is_complete()
     }
 
     /// Registers what to do with the reply once it is recorded complete
@@ -146,18 +158,25 @@ impl InFlight {
     }
 
     pub fn on_received(&self, events: &[Event]) {
+        if events.is_empty() {
+            return;
+        }
         let mut p = self.progress();
+        let received = p.received_mut();
         for e in events {
-            p.received.push(e);
+            received.push(e);
         }
     }
 
     /// Events received and handed to the client's connection at once.
     pub fn on_passed(&self, events: &[Event]) {
         let mut p = self.progress();
+        let p = &mut *p;
         for e in events {
-            p.received.push(e);
             p.relayed.push(e);
+            if let Some(received) = p.received.as_mut() {
+                received.push(e);
+            }
         }
     }
 
@@ -194,8 +213,8 @@ impl InFlight {
         }
         let record = interruption::interrupted_reply(
             p.relayed.to_message(),
-            &p.received.to_message(),
-            p.received.is_complete(),
+            &p.received().to_message(),
+            p.received().is_complete(),
             crate::relay::now_ms(),
             spoken,
         );
@@ -254,14 +273,14 @@ impl InFlight {
                 let reply = p.relayed.to_message();
                 self.record(&mut p, Some(reply), Outcome::Complete);
             }
-            Outcome::Open if p.relayed.is_empty() && p.received.is_empty() => {
+            Outcome::Open if p.relayed.is_empty() && p.received().is_empty() => {
                 drop(p);
                 self.failed(error);
             }
             Outcome::Open => {
                 let mut record = interruption::interrupted_reply(
                     p.relayed.to_message(),
-                    &p.received.to_message(),
+                    &p.received().to_message(),
                     false,
                     crate::relay::now_ms(),
                     None,
@@ -272,7 +291,7 @@ impl InFlight {
                 p.outcome = Outcome::Interrupted { seq };
             }
             Outcome::Interrupted { seq } => {
-                let full = p.received.to_message();
+                let full = p.received().to_message();
                 self.update(seq, |m| {
                     interruption::set_original(m, &full, false);
                     interruption::set_error(m, error);
@@ -306,8 +325,8 @@ impl InFlight {
     pub fn drained(&self, complete: bool) {
         let p = self.progress();
         if let Outcome::Interrupted { seq } = p.outcome {
-            let full = p.received.to_message();
-            let complete = complete || p.received.is_complete();
+            let full = p.received().to_message();
+            let complete = complete || p.received().is_complete();
             if let Some(r) = &self.recorder {
                 r.policy.metrics.drained(complete);
             }
