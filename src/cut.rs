@@ -1,7 +1,7 @@
 //! The moment a reply stops going to its client, as a flag and a future.
 //!
-//! A relayed chunk checks it several times (the relay task, the response
-//! body), so checking must cost no lock. A `CancellationToken` locks its
+//! A relayed chunk checks it (the response body, before each read), so
+//! checking must cost no lock. A `CancellationToken` locks its
 //! node's mutex in `is_cancelled`, on every poll of its future and on
 //! every new wait: 4% of the proxy's CPU when streaming. Here a check is
 //! one atomic load, and each waiter registers once and is then polled

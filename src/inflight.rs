@@ -3,12 +3,14 @@
 //! Several parties may settle a reply, and the first one wins: the response
 //! body when its last event has gone out (complete), the body's drop guard
 //! when the client goes away, a newer request of the same session
-//! (barge-in), the interrupt endpoint, and the relay task when the upstream
-//! fails. Settling writes the record at once and frees the session's turn.
-//! The upstream may still be drained after that; the relay task then
-//! updates `original` on the record it finds by sequence number.
+//! (barge-in), the interrupt endpoint, and the exchange or the response
+//! body when the upstream fails. Settling writes the record at once and
+//! frees the session's turn. The upstream may still be drained after that;
+//! the exchange's task then updates `original` on the record it finds by
+//! sequence number.
 //!
-//! Lock order: this reply's `progress` lock, then the session's state lock.
+//! Lock order: a stream's reader slot (`relay::stream`), then this reply's
+//! `progress` lock, then the session's state lock.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -37,9 +39,9 @@ pub struct InFlight {
     /// `None` for a stateless request: nothing is recorded.
     recorder: Option<Recorder>,
     turn_id: u64,
-    /// Cancelled when the client no longer receives this reply: it went
-    /// away, or the reply was interrupted. The relay task then drains or
-    /// closes the upstream; the response body ends.
+    /// Cut when the client no longer receives this reply: it went away, or
+    /// the reply was interrupted. The response body ends; the exchange's
+    /// task drains or closes the upstream.
     cut: Arc<Cut>,
     progress: Mutex<Progress>,
 }
@@ -65,6 +67,10 @@ struct Progress {
     /// When the turn's own messages are durable: the reply's record is not
     /// reported durable before them.
     opening: Ticket,
+    /// When a reply whose last event went out was recorded complete by
+    /// someone else than the body (a barge-in, a break after the end): the
+    /// body's end still waits for it.
+    end_durable: Option<Ticket>,
 }
 
 impl Progress {
@@ -130,6 +136,11 @@ impl InFlight {
         self.progress().received().is_complete()
     }
 
+    /// The end of the reply has been handed to the client's connection.
+    pub fn relayed_complete(&self) -> bool {
+        self.progress().relayed.is_complete()
+    }
+
     /// Registers what to do with the reply once it is recorded complete
     /// (the answer cache stores it).
     pub fn on_complete(&self, f: OnComplete) {
@@ -186,10 +197,18 @@ impl InFlight {
     pub fn delivered(&self) -> Ticket {
         let mut p = self.progress();
         if p.outcome != Outcome::Open {
-            return Ticket::ready();
+            return p.end_durable.take().unwrap_or_default();
         }
         let reply = p.relayed.to_message();
         self.record(&mut p, Some(reply), Outcome::Complete).1
+    }
+
+    /// Records a reply whose last event went out as complete, for the
+    /// body's `delivered` to wait on.
+    fn record_delivered(&self, p: &mut Progress) {
+        let reply = p.relayed.to_message();
+        let (_, ticket) = self.record(p, Some(reply), Outcome::Complete);
+        p.end_durable = Some(ticket);
     }
 
     /// The client went away (its body or its request was dropped).
@@ -207,8 +226,7 @@ impl InFlight {
             return None;
         }
         if p.relayed.is_complete() {
-            let reply = p.relayed.to_message();
-            self.record(&mut p, Some(reply), Outcome::Complete);
+            self.record_delivered(&mut p);
             return None;
         }
         let record = interruption::interrupted_reply(
@@ -240,8 +258,7 @@ impl InFlight {
         let mut p = self.progress();
         match p.outcome {
             Outcome::Open if p.relayed.is_complete() => {
-                let reply = p.relayed.to_message();
-                self.record(&mut p, Some(reply), Outcome::Complete);
+                self.record_delivered(&mut p);
                 true
             }
             Outcome::Open => false,
@@ -269,10 +286,7 @@ impl InFlight {
         let mut p = self.progress();
         match p.outcome {
             // The last event went out before the connection failed.
-            Outcome::Open if p.relayed.is_complete() => {
-                let reply = p.relayed.to_message();
-                self.record(&mut p, Some(reply), Outcome::Complete);
-            }
+            Outcome::Open if p.relayed.is_complete() => self.record_delivered(&mut p),
             Outcome::Open if p.relayed.is_empty() && p.received().is_empty() => {
                 drop(p);
                 self.failed(error);

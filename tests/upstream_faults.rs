@@ -123,6 +123,23 @@ fn cases() -> Vec<Case> {
             expect: Expect::BrokenStream { sent: "Good " },
         },
         Case {
+            // The end arrives with the break in one read: none of that read
+            // reached the client, so its stream is broken, not complete.
+            name: "the reply's end and a chunk that is not JSON in one read",
+            reply: Some(Reply::Sse {
+                chunks: vec![
+                    (z, delta_event(json!({"role": "assistant", "content": ""}))),
+                    (z, chunk("Good ")),
+                    (
+                        Duration::from_millis(20),
+                        format!("{}{}data: {{not json\n\n", chunk("end"), sse_tail()),
+                    ),
+                ],
+            }),
+            stream: true,
+            expect: Expect::BrokenStream { sent: "Good " },
+        },
+        Case {
             name: "a 200 with an HTML body",
             reply: Some(Reply::Raw {
                 status: 200,

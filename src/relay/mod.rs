@@ -132,11 +132,17 @@ pub async fn start(exchange: Exchange) -> Head {
 struct Detachable(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
 
 impl Detachable {
+    /// A panic in the exchange drops it, as it would end a task of its
+    /// own, rather than the client's connection: the handler then finds no
+    /// answer and answers 500.
     fn poll(&mut self, cx: &mut Context<'_>) {
-        if let Some(exchange) = self.0.as_mut() {
-            if exchange.as_mut().poll(cx).is_ready() {
-                self.0 = None;
-            }
+        let Some(mut exchange) = self.0.take() else {
+            return;
+        };
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exchange.as_mut().poll(cx)));
+        if let Ok(Poll::Pending) = polled {
+            self.0 = Some(exchange);
         }
     }
 }
@@ -144,8 +150,9 @@ impl Detachable {
 impl Drop for Detachable {
     fn drop(&mut self) {
         if let Some(exchange) = self.0.take() {
-            // Without a runtime (it is shutting down), the exchange ends
-            // here; the guards have settled the reply.
+            // Outside a runtime the exchange ends here, and a runtime
+            // shutting down drops what is spawned on it; either way the
+            // guards have settled the reply, and only a drain is lost.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(exchange);
             }

@@ -256,17 +256,18 @@ where
                 this.ended = true;
                 return Poll::Ready(None);
             }
-            let step = {
-                let mut reader = lock(&this.reader);
-                let Some(reader) = reader.as_mut() else {
-                    this.ended = true;
-                    return Poll::Ready(None);
-                };
-                std::task::ready!(reader.poll_step(cx, &this.flight))
+            // What a step read is accounted for under the reader's lock, so
+            // that a drain taking the reader over after a cut never
+            // accounts for a later chunk first.
+            let mut slot = lock(&this.reader);
+            let Some(reader) = slot.as_mut() else {
+                this.ended = true;
+                return Poll::Ready(None);
             };
-            match step {
+            match std::task::ready!(reader.poll_step(cx, &this.flight)) {
                 Step::Chunk(bytes, events) => {
                     this.flight.on_passed(&events);
+                    drop(slot);
                     if this.first_token && events.iter().any(Event::carries_content) {
                         this.first_token = false;
                         this.metrics
@@ -277,18 +278,25 @@ where
                     }
                     this.hold_end(Some(bytes));
                 }
-                Step::Finished if this.flight.received_complete() => this.hold_end(None),
                 Step::Finished => {
-                    return this.break_off("upstream stream ended before the reply was complete")
+                    drop(slot);
+                    if !this.flight.relayed_complete() {
+                        return this
+                            .break_off("upstream stream ended before the reply was complete");
+                    }
+                    this.hold_end(None);
                 }
                 Step::Broke(why, events) => {
                     this.flight.on_received(&events);
+                    // Nothing past a break is read, not even by a drain.
+                    *slot = None;
+                    drop(slot);
                     tracing::warn!(upstream = %this.upstream.name, error = %why, "upstream stream failed");
                     this.metrics.upstream_error(&this.upstream.name);
-                    if !this.flight.received_complete() {
+                    if !this.flight.relayed_complete() {
                         return this.break_off(&why);
                     }
-                    // Past the reply's end: nothing the client lacks.
+                    // The client has had the reply's end: it lacks nothing.
                     this.flight.broke(&why);
                     this.hold_end(None);
                 }
