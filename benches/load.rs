@@ -7,8 +7,9 @@
 //! measured from each request's intended send time, so queueing shows.
 //! Options: `--quick` (shorter runs, one round), `--only NAME` (scenario filter),
 //! `--repeat N` (rounds of the headline scenarios, median reported; 3 by
-//! default), `--pin` (generator and mock on CPU 0, the path under test on
-//! CPU 1).
+//! default), `--rate N` (requests a second of the open-loop scenarios;
+//! 2,000 by default), `--pin` (generator and mock on CPU 0, the path under
+//! test on CPU 1).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
@@ -37,6 +38,12 @@ fn main() {
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(if quick { 1 } else { 3 })
         .max(1);
+    let rate = args
+        .iter()
+        .position(|a| a == "--rate")
+        .and_then(|i| args.get(i + 1)?.parse::<f64>().ok())
+        .filter(|r| *r > 0.0)
+        .unwrap_or(2000.0);
     if args.iter().any(|a| a == "--pin") {
         pin();
     }
@@ -45,7 +52,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(run(mock, quick, only, repeat));
+    rt.block_on(run(mock, quick, only, repeat, rate));
     let failures = FAILURES.lock().map(|f| f.clone()).unwrap_or_default();
     if !failures.is_empty() {
         println!("\nFailed requests, by kind:");
@@ -705,9 +712,8 @@ fn print_table(rows: &[Vec<String>]) {
     let _ = std::io::stdout().flush();
 }
 
-async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize) {
+async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize, rate: f64) {
     let secs = if quick { 3.0 } else { 8.0 };
-    let rate = 2000.0;
     let wanted = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
     let direct = Target {
         name: "direct to mock".into(),
