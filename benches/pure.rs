@@ -1,13 +1,17 @@
 //! Micro-benchmarks of the pure pieces on the request path:
 //! `cargo bench --bench pure`.
 
+use std::sync::Arc;
+
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use recall::accumulate::ReplyAccumulator;
+use recall::config::Roles;
 use recall::message::{Message, Role};
-use recall::reconcile::reconcile;
+use recall::reconcile::{reconcile, Hints};
+use recall::render::outbound;
 use recall::tokens::Encoding;
 use recall::vendor::{rewrite, TurnInfo, VendorRules};
-use recall::window::{window_start, Limits};
+use recall::window::Limits;
 use serde_json::{json, Map, Value};
 
 fn history(n: usize) -> Vec<Message> {
@@ -38,19 +42,36 @@ fn bench_reconcile(c: &mut Criterion) {
             .collect();
         resend.push(Message::new(Role::User, "a new question"));
         g.bench_with_input(BenchmarkId::new("delta", n), &n, |b, _| {
-            b.iter(|| reconcile(&h, &delta, false))
+            b.iter(|| reconcile(&h, &delta, Hints::default()))
         });
         g.bench_with_input(BenchmarkId::new("resend_last_20", n), &n, |b, _| {
-            b.iter(|| reconcile(&h, &resend, false))
+            b.iter(|| reconcile(&h, &resend, Hints::default()))
         });
     }
     g.finish();
 }
 
+/// Where the window starts, over a history as a session holds it.
+fn window_start(h: &[Arc<Message>], limits: Limits) -> usize {
+    let rules = VendorRules {
+        custom: false,
+        interruptable: true,
+        strip_fields: Vec::new(),
+        interrupted: Default::default(),
+        interrupted_marker: String::new(),
+        roles: Roles::Any,
+    };
+    outbound(h, &rules, limits).start
+}
+
+fn shared(h: Vec<Message>) -> Vec<Arc<Message>> {
+    h.into_iter().map(Arc::new).collect()
+}
+
 fn bench_window(c: &mut Criterion) {
     let mut g = c.benchmark_group("window");
     for n in [10usize, 1000, 10_000] {
-        let h = history(n);
+        let h = shared(history(n));
         let count = Limits {
             messages: 20,
             ..Limits::default()
@@ -87,20 +108,19 @@ fn bench_window_tokens(c: &mut Criterion) {
         encoding.load();
         let name = format!("{encoding:?}").to_lowercase();
         for n in [1000usize, 10_000] {
-            let h = history(n);
+            let h = shared(history(n));
             let start = window_start(&h, limits(encoding));
             assert!((15..=25).contains(&(n - start)), "{}", n - start);
             g.bench_with_input(BenchmarkId::new(format!("cached_{name}"), n), &n, |b, _| {
                 b.iter(|| window_start(&h, limits(encoding)))
             });
         }
-        let h = history(10_000);
         g.bench_function(
             BenchmarkId::new(format!("first_count_{name}"), 10_000),
             |b| {
                 // By reference: dropping the copy is no part of the cost.
                 b.iter_batched_ref(
-                    || h.clone(),
+                    || shared(history(10_000)),
                     |h| window_start(h, limits(encoding)),
                     BatchSize::LargeInput,
                 )
@@ -126,6 +146,7 @@ fn bench_rewrite(c: &mut Criterion) {
             strip_fields: Vec::new(),
             interrupted: Default::default(),
             interrupted_marker: String::new(),
+            roles: Roles::Any,
         };
         let name = if custom {
             "rewrite_custom_20"

@@ -230,6 +230,7 @@ mod tests {
             true,
             1,
             None,
+            "endpoint",
         );
         c.put([1; 32], &cut, Some("stop"));
         assert_eq!(c.get(&[1; 32]), None);

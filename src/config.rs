@@ -187,7 +187,8 @@ pub struct WebhookConfig {
     pub url: Option<String>,
     /// Environment variable holding the HMAC-SHA256 signing secret.
     pub secret_env: Option<String>,
-    /// Which events are delivered: `session_ended`, `history_trimmed`.
+    /// Which events are delivered: `session_ended`, `history_trimmed`,
+    /// `history_rewritten`.
     pub events: Vec<String>,
     /// Attempts after the first before an event is given up (and logged).
     pub max_retries: u32,
@@ -213,7 +214,7 @@ impl Default for WebhookConfig {
 /// not a wish.
 pub const MAX_WINDOW_TOKENS: usize = 100_000_000;
 
-pub const WEBHOOK_EVENTS: &[&str] = &["session_ended", "history_trimmed"];
+pub const WEBHOOK_EVENTS: &[&str] = &["session_ended", "history_trimmed", "history_rewritten"];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -340,6 +341,18 @@ pub enum InterruptedRendering {
     Annotated,
 }
 
+/// Which sequences of roles an upstream accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Roles {
+    /// Any order (OpenAI and most servers).
+    #[default]
+    Any,
+    /// User and assistant alternate, as strict chat templates (Mistral,
+    /// Gemma) require: messages of one role in a row are merged.
+    Alternate,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
@@ -418,6 +431,9 @@ pub struct UpstreamConfig {
     pub interrupted: InterruptedRendering,
     #[serde(default = "default_marker")]
     pub interrupted_marker: String,
+    /// What the upstream's chat template accepts of roles in a row.
+    #[serde(default)]
+    pub roles: Roles,
     /// `mock://` upstreams only: the wait before each streamed content
     /// chunk. Unset: `mock::DEFAULT_CHUNK_DELAY_MS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

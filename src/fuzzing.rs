@@ -10,12 +10,12 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::accumulate::{self, Event, ReplyAccumulator};
-use crate::config::{Config, InterruptedRendering};
+use crate::config::{Config, InterruptedRendering, Roles};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::vendor::{self, TurnInfo, VendorRules};
 use crate::window::{self, Limits};
-use crate::{reconcile, turns};
+use crate::{reconcile, render, turns};
 
 /// An upstream's SSE stream, cut into reads the way the network may cut it:
 /// the first byte sets the read size (1 to 64 bytes), the rest is the
@@ -81,14 +81,29 @@ pub fn request_reconcile(data: &[u8]) {
     let mut history: Vec<Message> = conversation[..split].to_vec();
     let incoming = &conversation[resent_from..];
 
-    let found = reconcile::reconcile(&history, incoming, front_dropped);
-    assert!(found.overlap <= incoming.len(), "overlap past the request");
+    let hints = reconcile::Hints {
+        front_dropped,
+        retry: data.len() % 5 == 0,
+    };
+    let found = reconcile::reconcile(&history, incoming, hints);
+    let from = found.new_from(incoming.len());
+    assert!(from <= incoming.len(), "new messages past the request");
+    let superseded_from = found.superseded_from().unwrap_or(history.len());
+    assert!(
+        superseded_from <= history.len(),
+        "superseded past the history"
+    );
     for (i, heard) in &found.shortened {
         let stored = history.get_mut(*i).expect("shortened index in the history");
         assert_eq!(stored.role, "assistant", "only replies are shortened");
-        interruption::mark_stored(stored, Some(&Spoken::Text(heard.clone())), 1);
+        interruption::mark_stored(stored, Some(&Spoken::Text(heard.clone())), 1, "new_request");
     }
-    let mut new = incoming[found.overlap..].to_vec();
+    if found.rewrite(&history, incoming.len()).is_some() {
+        for m in &mut history[superseded_from..] {
+            interruption::supersede(m, 2);
+        }
+    }
+    let mut new = incoming[from..].to_vec();
     let turn_before = history.iter().filter_map(|m| m.turn_id).max().unwrap_or(0);
     let turn = turns::stamp_client_messages(&mut new, turn_before, history.last(), 2);
     assert!(turn >= turn_before, "the turn went backwards");
@@ -107,13 +122,6 @@ pub fn request_reconcile(data: &[u8]) {
         chars: data.len() % 97,
         ..Limits::default()
     };
-    let cut = window::window(&history, limits);
-    let start = cut.start;
-    assert!(start <= history.len());
-    if let Some(first) = history.get(start) {
-        assert!(!first.is_tool_result(), "a window began with a tool result");
-    }
-    assert!(cut.reason.is_none() || start > 0, "a reason without a cut");
 
     for custom in [false, true] {
         let rules = VendorRules {
@@ -126,13 +134,21 @@ pub fn request_reconcile(data: &[u8]) {
                 InterruptedRendering::Annotated,
             ][data.len() % 3],
             interrupted_marker: " [cut]".into(),
+            roles: [Roles::Any, Roles::Alternate][data.len() / 3 % 2],
         };
+        let window = render::outbound(&history, &rules, limits);
+        assert!(window.start <= history.len());
+        let whole =
+            render::outbound(&history, &rules, Limits::default()).messages == window.messages;
+        if let Err(e) = render::check(&window.messages, rules.roles, whole) {
+            panic!("a window the upstream would refuse: {e}");
+        }
         let body: Map<String, Value> = request.body.clone();
         let sent = vendor::rewrite(
             &rules,
             &body,
             &instructions,
-            &history[start..],
+            &window.messages,
             Some(TurnInfo { turn_id: turn }),
             3,
         )

@@ -235,6 +235,7 @@ impl InFlight {
             p.received().is_complete(),
             crate::relay::now_ms(),
             spoken,
+            cause.label(),
         );
         let (seq, ticket) = self.record(
             &mut p,
@@ -298,6 +299,7 @@ impl InFlight {
                     false,
                     crate::relay::now_ms(),
                     None,
+                    interruption::CUT_BY_UPSTREAM,
                 );
                 interruption::set_error(&mut record, error);
                 let (seq, _) =

@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod mock;
 pub mod reconcile;
 pub mod relay;
+pub mod render;
 pub mod session;
 pub mod storage;
 pub mod threads;

@@ -48,6 +48,11 @@ struct CauseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -75,7 +80,7 @@ pub enum Cause {
 }
 
 impl Cause {
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Cause::NewRequest => "new_request",
             Cause::Endpoint => "endpoint",
@@ -98,6 +103,7 @@ pub struct Metrics {
     stored_messages: Gauge,
     trimmed: Family<TrimLabels, Counter>,
     interruptions: Family<CauseLabels, Counter>,
+    rewritten: Family<ReasonLabels, Counter>,
     drains: Family<OutcomeLabels, Counter>,
     cache: Family<OutcomeLabels, Counter>,
     webhook: Family<OutcomeLabels, Counter>,
@@ -182,6 +188,12 @@ impl Default for Metrics {
             "Replies cut off, by cause",
             interruptions.clone(),
         );
+        let rewritten = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "superseded_messages",
+            "Stored messages superseded by a request that regenerates, edits or retries (reason)",
+            rewritten.clone(),
+        );
         let drains = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "drains",
@@ -225,6 +237,7 @@ impl Default for Metrics {
             stored_messages,
             trimmed,
             interruptions,
+            rewritten,
             drains,
             cache,
             webhook,
@@ -312,6 +325,12 @@ impl Metrics {
     pub fn trimmed_kept(&self) -> u64 {
         self.trimmed(TrimScope::History, TrimReason::MaxMessages)
             + self.trimmed(TrimScope::History, TrimReason::MaxBytes)
+    }
+
+    pub fn superseded(&self, reason: &'static str, n: usize) {
+        self.rewritten
+            .get_or_create(&ReasonLabels { reason })
+            .inc_by(n as u64);
     }
 
     pub fn interrupted(&self, cause: Cause) {

@@ -11,8 +11,7 @@ use std::borrow::Borrow;
 
 use serde_json::{Map, Value};
 
-use crate::config::{InterruptedRendering, UpstreamConfig};
-use crate::interruption;
+use crate::config::{InterruptedRendering, Roles, UpstreamConfig};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
@@ -26,6 +25,7 @@ pub struct VendorRules {
     pub strip_fields: Vec<String>,
     pub interrupted: InterruptedRendering,
     pub interrupted_marker: String,
+    pub roles: Roles,
 }
 
 impl VendorRules {
@@ -36,6 +36,7 @@ impl VendorRules {
             strip_fields: u.strip_fields.clone(),
             interrupted: u.interrupted,
             interrupted_marker: u.interrupted_marker.clone(),
+            roles: u.roles,
         }
     }
 }
@@ -47,8 +48,9 @@ pub struct TurnInfo {
 }
 
 /// The upstream body, serialised: the client's `body` with its messages
-/// replaced by `instructions` and the window of `history`, rewritten for
-/// the vendor mode. Written straight out, field by field: no message is
+/// replaced by `instructions` and `history` (the window, as
+/// `render::outbound` made it for this upstream), rewritten for the vendor
+/// mode. Written straight out, field by field: no message is
 /// copied into an intermediate JSON value.
 pub fn rewrite<H: Borrow<Message>>(
     rules: &VendorRules,
@@ -136,20 +138,8 @@ impl<H: Borrow<Message>> Serialize for Messages<'_, '_, H> {
         for m in b.instructions {
             seq.serialize_element(&View(m, rules.custom))?;
         }
-        for (i, m) in b.history.iter().enumerate() {
-            let answered = b
-                .history
-                .get(i + 1)
-                .is_some_and(|n| n.borrow().is_tool_result());
-            let shown = interruption::render(
-                m.borrow(),
-                rules.interrupted,
-                &rules.interrupted_marker,
-                answered,
-            );
-            if let Some(shown) = shown {
-                seq.serialize_element(&View(&shown, rules.custom))?;
-            }
+        for m in b.history {
+            seq.serialize_element(&View(m.borrow(), rules.custom))?;
         }
         seq.end()
     }
@@ -184,6 +174,7 @@ mod tests {
             strip_fields: vec!["x_debug".into()],
             interrupted: InterruptedRendering::Annotated,
             interrupted_marker: " [cut]".into(),
+            roles: Roles::Any,
         }
     }
 
@@ -231,26 +222,6 @@ mod tests {
                    "temperature": 0.2, "metadata": {"k": "v"}, "user": "u", "store": true,
                    "x_unknown": 2})
         );
-    }
-
-    #[test]
-    fn interrupted_replies_are_rendered_per_upstream() {
-        let cut = interruption::interrupted_reply(
-            Message::new(Role::Assistant, "Why"),
-            &Message::new(Role::Assistant, "Why not"),
-            true,
-            3,
-            None,
-        );
-        let history = [Message::new(Role::User, "q"), cut];
-        let b = sent(&rules(false), &[], &history, None);
-        assert_eq!(
-            b["messages"][1],
-            json!({"role": "assistant", "content": "Why [cut]"})
-        );
-        let b = sent(&rules(true), &[], &history, None);
-        assert_eq!(b["messages"][1]["content"], "Why [cut]");
-        assert_eq!(b["messages"][1]["metadata"]["original"], "Why not");
     }
 
     #[test]

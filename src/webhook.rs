@@ -18,6 +18,7 @@ use tokio::sync::Semaphore;
 use crate::config::WebhookConfig;
 use crate::message::Message;
 use crate::metrics::Metrics;
+use crate::reconcile::Rewrite;
 use crate::storage::{Op, Storage};
 use crate::window::{TrimReason, TrimScope};
 
@@ -51,6 +52,14 @@ pub enum Event {
         reason: TrimReason,
         scope: TrimScope,
     },
+    /// A request regenerated, edited or retried: these stored messages
+    /// are superseded (kept, marked, and never sent again).
+    HistoryRewritten {
+        session_id: String,
+        reason: Rewrite,
+        turn_id: u64,
+        superseded: Vec<Arc<Message>>,
+    },
 }
 
 impl Event {
@@ -58,14 +67,15 @@ impl Event {
         match self {
             Event::SessionEnded { .. } => "session_ended",
             Event::HistoryTrimmed { .. } => "history_trimmed",
+            Event::HistoryRewritten { .. } => "history_rewritten",
         }
     }
 
     pub fn session_id(&self) -> &str {
         match self {
-            Event::SessionEnded { session_id, .. } | Event::HistoryTrimmed { session_id, .. } => {
-                session_id
-            }
+            Event::SessionEnded { session_id, .. }
+            | Event::HistoryTrimmed { session_id, .. }
+            | Event::HistoryRewritten { session_id, .. } => session_id,
         }
     }
 }

@@ -504,16 +504,20 @@ async fn failures_keep_the_user_message_and_record_the_failure_message() {
     assert_eq!(fail["metadata"]["source"], "llm_failure");
     assert!(fail["metadata"]["error"].as_str().unwrap().contains("boom"));
     assert_eq!(fail["turn_id"], 1);
-    // The SDK's automatic retry of the same message does not duplicate it.
+    // The SDK's automatic retry of the same message does not duplicate it,
+    // and supersedes the failure record.
     h.say("f", "hi").await;
-    assert_eq!(
-        h.transcript("f").await,
-        [
-            "user: hi",
-            "assistant: Sorry, something went wrong.",
-            "assistant: reply 2"
-        ]
-    );
+    assert_eq!(h.transcript("f").await, ["user: hi", "assistant: reply 2"]);
+    let (_, all) = h
+        .api(
+            reqwest::Method::GET,
+            "/v1/sessions/f/history?include_superseded=true",
+            None,
+        )
+        .await;
+    let fail = &all["contents"][1];
+    assert_eq!(fail["metadata"]["source"], "llm_failure");
+    assert_eq!(fail["metadata"]["superseded"], true);
 }
 
 #[tokio::test]

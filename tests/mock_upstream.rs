@@ -177,11 +177,12 @@ async fn the_echo_shows_what_recall_remembered_and_what_the_window_sent() {
         "You said: \"What is my name?\" Before that you said: \"My name is Ada.\" \
          I received 4 messages (1 system, 2 user, 1 assistant)."
     );
-    // The third turn's window of 4 no longer holds the first message.
+    // The third turn's window of 4 no longer holds the first message, and
+    // starts with a user message.
     assert_eq!(
         h.say("mem", "And now?").await,
         "You said: \"And now?\" Before that you said: \"What is my name?\" \
-         I received 5 messages (1 system, 2 user, 2 assistant)."
+         I received 4 messages (1 system, 2 user, 1 assistant)."
     );
     assert_eq!(h.transcript("mem").await.len(), 6);
 }

@@ -1,24 +1,37 @@
-//! Properties of the pure decisions, over random histories: where the
-//! window starts and why (`window::window`), how much a session drops
+//! Properties of the pure decisions, over random histories: what the
+//! upstream is sent (`render::outbound`), how much a session drops
 //! (`window::keep_start`, `window::keep_start_bytes`), and which request
-//! messages are new (`reconcile::reconcile`). Histories mix plain turns, tool groups (an
-//! assistant message with tool calls followed by its results, some left
-//! unanswered), interrupted replies, recorded failures, system messages and
-//! stray tool results; texts come from a tiny alphabet so that messages
-//! collide and reconcile has real choices to make.
+//! messages are new (`reconcile::reconcile`). Histories mix plain turns,
+//! tool groups (an assistant message with tool calls followed by its
+//! results, some left unanswered), interrupted replies, recorded failures,
+//! superseded messages, system messages and stray tool results; texts come
+//! from a tiny alphabet so that messages collide and reconcile has real
+//! choices to make. `tests/behaviours.rs` drives real sessions through
+//! random client behaviours.
 
 use proptest::prelude::*;
-use recall::interruption::{failure_reply, interrupted_reply, is_failure, is_interrupted};
+use recall::config::{InterruptedRendering, Roles};
+use recall::interruption::{
+    added_by_recall, failure_reply, interrupted_reply, is_failure, is_interrupted, is_superseded,
+    supersede,
+};
 use recall::message::{Message, Role};
-use recall::reconcile::reconcile;
-use recall::window::{keep_start, keep_start_bytes, window, Limits};
+use recall::reconcile::{reconcile, Hints};
+use recall::render::{check, outbound};
+use recall::tokens::Encoding;
+use recall::vendor::VendorRules;
+use recall::window::{keep_start, keep_start_bytes, Limits};
 use serde_json::{json, Value};
 
 /// A few hundred cases each: enough to shrink to small counterexamples,
 /// and the whole file runs in well under a second.
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: 400,
+        // PROPTEST_CASES runs more locally; CI runs these.
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(400),
         failure_persistence: None,
         ..ProptestConfig::default()
     }
@@ -40,6 +53,8 @@ enum Entry {
     System(&'static str),
     /// A tool result whose call is not stored (trimmed away, or seeded so).
     StrayResult,
+    /// A reply a regenerate replaced.
+    Superseded(&'static str),
 }
 
 const TEXTS: &[&str] = &["", "a", "b", "ab", "hello there"];
@@ -57,6 +72,7 @@ fn entry() -> impl Strategy<Value = Entry> {
         2 => (1usize..4, 0usize..4).prop_map(|(c, a)| Entry::Tools { calls: c, answered: a.min(c) }),
         1 => text().prop_map(Entry::System),
         1 => Just(Entry::StrayResult),
+        1 => text().prop_map(Entry::Superseded),
     ]
 }
 
@@ -89,7 +105,13 @@ fn build(entries: &[Entry]) -> Vec<Message> {
                 true,
                 1,
                 None,
+                "new_request",
             )),
+            Entry::Superseded(t) => {
+                let mut m = Message::new(Role::Assistant, *t);
+                supersede(&mut m, 1);
+                out.push(m);
+            }
             Entry::Failure => out.push(failure_reply("Sorry.", "503")),
             Entry::Tools { calls, answered } => {
                 let ids: Vec<String> = (0..*calls).map(|c| format!("call-{n}-{c}")).collect();
@@ -108,16 +130,46 @@ fn history() -> impl Strategy<Value = Vec<Message>> {
 }
 
 fn limits() -> impl Strategy<Value = Limits> {
-    (0usize..12, prop_oneof![Just(0usize), 1usize..60]).prop_map(|(messages, chars)| Limits {
-        messages,
-        chars,
-        ..Limits::default()
-    })
+    (
+        0usize..12,
+        prop_oneof![Just(0usize), 1usize..60],
+        prop_oneof![Just(0usize), 1usize..80],
+    )
+        .prop_map(|(messages, chars, tokens)| Limits {
+            messages,
+            chars,
+            tokens,
+            encoding: Encoding::Approx,
+        })
 }
 
-/// The part no limit cuts, as the window's docs define it: from the newest
-/// user message on, or, with none, from the last message a window may
-/// start with (anything but a tool result).
+fn rules() -> impl Strategy<Value = VendorRules> {
+    (
+        any::<bool>(),
+        prop::sample::select(vec![
+            InterruptedRendering::Truncated,
+            InterruptedRendering::Original,
+            InterruptedRendering::Annotated,
+        ]),
+        any::<bool>(),
+    )
+        .prop_map(|(custom, interrupted, alternate)| VendorRules {
+            custom,
+            interruptable: true,
+            strip_fields: Vec::new(),
+            interrupted,
+            interrupted_marker: " [cut]".into(),
+            roles: if alternate {
+                Roles::Alternate
+            } else {
+                Roles::Any
+            },
+        })
+}
+
+/// The part no limit cuts, as trimming defines it: from the newest user
+/// message on, or, with none, from the last message a cut may start at
+/// (anything but a tool result).
 fn protected(h: &[Message]) -> usize {
     h.iter()
         .rposition(|m| m.role == Role::User)
@@ -125,46 +177,87 @@ fn protected(h: &[Message]) -> usize {
         .unwrap_or(h.len())
 }
 
-fn chars(h: &[Message]) -> usize {
-    h.iter().map(Message::char_cost).sum()
-}
-
-fn within(h: &[Message], from: usize, l: Limits) -> bool {
-    (l.messages == 0 || h.len() - from <= l.messages)
-        && (l.chars == 0 || chars(&h[from..]) <= l.chars)
+/// What a sent window costs, counted on what is sent: (messages,
+/// characters, tokens), the extension fields included for vendor "custom".
+fn sent_cost(
+    sent: &[std::sync::Arc<Message>],
+    custom: bool,
+    enc: Encoding,
+) -> (usize, usize, usize) {
+    let mut chars = 0;
+    let mut tokens = 0;
+    for m in sent {
+        chars += m.char_cost();
+        tokens += m.tokens(enc);
+        if custom {
+            let ext = json!({"turn_id": m.turn_id, "timestamp": m.timestamp,
+                             "metadata": m.metadata.as_ref().map(|md| md.to_value())});
+            let mut ext = ext.as_object().cloned().unwrap_or_default();
+            ext.retain(|_, v| !v.is_null());
+            if !ext.is_empty() {
+                let text = Value::Object(ext).to_string();
+                chars += text.chars().count();
+                tokens += enc.count(&text);
+            }
+        }
+    }
+    (sent.len(), chars, tokens)
 }
 
 proptest! {
     #![proptest_config(config())]
 
+    /// For any stored history, what is sent is a conversation every chat
+    /// API accepts, within its limits on what is sent, and leaves out only
+    /// what it must.
     #[test]
-    fn the_window_keeps_groups_the_newest_turn_and_its_bounds(h in history(), l in limits()) {
-        let cut = window(&h, l);
-        let start = cut.start;
-        let floor = protected(&h);
-        prop_assert!(start <= floor, "start {} cuts into the protected tail at {}", start, floor);
-        // Never splits a tool group: a result never opens the window, so
-        // every result in it comes with the call stored just before it.
-        if let Some(first) = h.get(start) {
-            prop_assert!(!first.is_tool_result(), "the window starts with a tool result at {}", start);
+    fn every_window_is_one_the_upstream_accepts(h in history(), l in limits(), r in rules()) {
+        let h: Vec<Message> = h.into_iter().filter(|m| !m.is_instruction()).collect();
+        let sent = outbound(&h, &r, l);
+        prop_assert!(sent.start <= h.len());
+        let whole = outbound(&h, &r, Limits::default()).messages == sent.messages;
+        if let Err(e) = check(&sent.messages, r.roles, whole) {
+            prop_assert!(false, "{}: {:?}", e, sent.messages);
         }
-        if let Some(newest_user) = h.iter().rposition(|m| m.role == Role::User) {
-            prop_assert!(start <= newest_user);
+        prop_assert!(sent.messages.iter().all(|m| !is_superseded(m) && !is_failure(m)));
+        // The newest user message is always sent.
+        if let Some(newest) = h.iter().rposition(|m| m.role == Role::User) {
+            prop_assert!(sent.start <= newest, "the newest user message was cut");
         }
-        // Within both limits, unless it is only the protected tail (the one
-        // group allowed to exceed them).
-        prop_assert!(start == floor || within(&h, start, l), "window from {} exceeds {:?}", start, l);
-        // A reason is given exactly when a limit left something out.
-        match cut.reason {
-            Some(_) => prop_assert!(start > 0),
-            None => prop_assert!(h[..start].iter().all(Message::is_tool_result)),
-        }
-        // And it trims no more than it must: any earlier place a window may
-        // start would break a limit.
-        for i in 0..start {
-            if !h[i].is_tool_result() {
-                prop_assert!(!within(&h, i, l), "could have started at {} instead of {}", i, start);
+        // The limits hold on what is sent, unless all of it is the part
+        // that is always sent (the newest user message and what follows).
+        let (n, chars, tokens) = sent_cost(&sent.messages, r.custom, l.encoding);
+        let within = (l.messages == 0 || n <= l.messages)
+            && (l.chars == 0 || chars <= l.chars)
+            && (l.tokens == 0 || tokens <= l.tokens);
+        // That part is one user message and what follows it, or with no
+        // user message, one message or one tool group.
+        let users = sent.messages.iter().filter(|m| m.role == Role::User).count();
+        let one_unit = sent.messages.len() <= 1
+            || (sent.messages[0].has_tool_calls()
+                && sent.messages[1..].iter().all(|m| m.is_tool_result()));
+        let only_protected = if h.iter().any(|m| m.role == Role::User && !is_superseded(m)) {
+            users == 1 && sent.messages.first().is_some_and(|m| m.role == Role::User)
+        } else {
+            one_unit
+        };
+        prop_assert!(within || only_protected, "{} messages, {} chars, {} tokens exceed {:?}", n, chars, tokens, l);
+        // Without limits, nothing is left out but what the grammar drops
+        // (and, for an upstream that needs it, what precedes the first
+        // user message).
+        if l == Limits::default() {
+            let first_user = h.iter().position(|m| m.role == Role::User && !is_superseded(m));
+            if let (Some(first), Roles::Alternate) = (first_user, r.roles) {
+                prop_assert_eq!(sent.start, first);
             }
+            if r.roles == Roles::Any {
+                // Every user message is sent.
+                let users = |ms: &mut dyn Iterator<Item = &Message>| {
+                    ms.filter(|m| m.role == Role::User && !is_superseded(m)).count()
+                };
+                prop_assert_eq!(users(&mut sent.messages.iter().map(|m| &**m)), users(&mut h.iter()));
+            }
+            prop_assert_eq!(sent.reason, None);
         }
     }
 
@@ -253,7 +346,10 @@ fn lines_up_in_a_run(h: &[Message], sent: &[Message]) -> bool {
 }
 
 fn left_out_allowed(m: &Message) -> bool {
-    is_failure(m) || (m.role == Role::Assistant && is_interrupted(m))
+    is_failure(m)
+        || added_by_recall(m)
+        || is_superseded(m)
+        || (m.role == Role::Assistant && is_interrupted(m))
 }
 
 /// What a client sends: drawn from the same entries (so it collides with
@@ -282,16 +378,21 @@ proptest! {
 
     /// Reconcile never drops a request message that does not line up: the
     /// messages it takes as already stored line up, in order, with a run of
-    /// stored messages, in which only what a client may leave out
-    /// (interrupted replies, recorded failures) is passed over.
+    /// the stored messages it keeps, in which only what a client may leave
+    /// out (interrupted replies, recorded failures, superseded messages) is
+    /// passed over.
     #[test]
-    fn reconcile_drops_only_messages_that_line_up(h in stored_history(), sent in request()) {
-        let r = reconcile(&h, &sent, false);
-        prop_assert!(r.overlap <= sent.len());
-        prop_assert!(r.overlap <= h.len(), "more messages already stored than the history holds");
+    fn reconcile_drops_only_messages_that_line_up(
+        h in stored_history(), sent in request(), retry in any::<bool>(),
+    ) {
+        let r = reconcile(&h, &sent, Hints { front_dropped: false, retry });
+        let taken = r.new_from(sent.len());
+        let kept = r.superseded_from().unwrap_or(h.len());
+        prop_assert!(taken <= sent.len());
+        prop_assert!(kept <= h.len());
         prop_assert!(
-            lines_up_in_a_run(&h, &sent[..r.overlap]),
-            "{} sent messages were taken as stored, but they do not line up with the history", r.overlap
+            lines_up_in_a_run(&h[..kept], &sent[..taken]),
+            "{} sent messages were taken as stored, but they do not line up with the history kept", taken
         );
         for (i, _) in &r.shortened {
             prop_assert!(*i < h.len() && h[*i].role == Role::Assistant, "shortened {} is no stored reply", i);
@@ -302,7 +403,8 @@ proptest! {
     #[test]
     fn new_messages_are_all_appended(h in stored_history(), n in 1usize..4, dropped in any::<bool>()) {
         let sent = fresh(n);
-        prop_assert_eq!(reconcile(&h, &sent, dropped).overlap, 0);
+        let hints = Hints { front_dropped: dropped, retry: false };
+        prop_assert_eq!(reconcile(&h, &sent, hints).new_from(n), 0);
     }
 
     /// A client resending the stored conversation, or its newest part,
@@ -317,8 +419,10 @@ proptest! {
         let from = from.min(h.len());
         let mut sent = h[from..].to_vec();
         sent.extend(fresh(n));
-        let r = reconcile(&h, &sent, false);
-        prop_assert_eq!(r.overlap, h.len() - from);
+        let r = reconcile(&h, &sent, Hints::default());
+        prop_assert_eq!(r.new_from(sent.len()), h.len() - from);
         prop_assert!(r.shortened.is_empty());
+        // Nothing stored is superseded by a plain resend.
+        prop_assert!(r.superseded_from().is_none_or(|i| i == h.len()));
     }
 }

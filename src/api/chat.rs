@@ -84,11 +84,20 @@ pub async fn completions(
     }
     let now = now_ms();
 
+    let fallback = app.upstreams.fallback_of(&upstream).cloned();
     let prepared = match &session_id {
         Some(id) => {
-            let encoding = token_encoding(&app, &model).await;
-            let (mut prepared, flight) =
-                open_turn(&app, id, &conversation, user.as_deref(), encoding, now).await?;
+            let turn = session::TurnRequest {
+                incoming: &conversation,
+                user: user.as_deref(),
+                encoding: token_encoding(&app, &model).await,
+                now_ms: now,
+                retrying: retrying(&headers),
+                idempotency_key: idempotency_key(&headers),
+                rules: &upstream.rules,
+                fallback_rules: fallback.as_ref().map(|f| &f.rules),
+            };
+            let (mut prepared, flight) = open_turn(&app, id, &turn).await?;
             // The upstream call does not wait for the user's message to be
             // stored: the two overlap, and the reply's end (what tells the
             // client the turn happened) waits for both.
@@ -105,6 +114,7 @@ pub async fn completions(
         session::Prepared {
             turn_id,
             window,
+            fallback_window,
             system_messages,
             incarnation,
             ..
@@ -168,9 +178,10 @@ pub async fn completions(
     tracing::debug!(window = window.len(), "forwarding chat completion");
     // The body for the fallback upstream is made now, for its vendor mode;
     // it is used only if the first call fails before its first byte.
-    let fallback = app.upstreams.fallback_of(&upstream).and_then(|fb| {
-        let body = vendor::rewrite(&fb.rules, &body, &all_instructions, &window, turn, now).ok()?;
-        Some((Arc::clone(fb), bytes::Bytes::from(body)))
+    let fallback = fallback.and_then(|fb| {
+        let window = fallback_window.as_ref().unwrap_or(&window);
+        let body = vendor::rewrite(&fb.rules, &body, &all_instructions, window, turn, now).ok()?;
+        Some((fb, bytes::Bytes::from(body)))
     });
 
     let mut response = relay::start(Exchange {
@@ -199,11 +210,9 @@ pub async fn completions(
 async fn open_turn(
     app: &App,
     id: &str,
-    conversation: &[Message],
-    user: Option<&str>,
-    encoding: Encoding,
-    now: i64,
+    turn: &session::TurnRequest<'_>,
 ) -> Result<(session::Prepared, Arc<InFlight>), ApiError> {
+    let now = turn.now_ms;
     let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
     let storage = &app.policy.storage;
     loop {
@@ -228,7 +237,7 @@ async fn open_turn(
         if created {
             app.session_created();
         }
-        match session.begin(&app.policy, conversation, user, encoding, now) {
+        match session.begin(&app.policy, turn) {
             Ok((prepared, flight)) => {
                 if let Some(claim) = claim {
                     flight.hold(claim);
@@ -261,6 +270,23 @@ async fn token_encoding(app: &App, model: &str) -> Encoding {
         let _ = tokio::task::spawn_blocking(move || encoding.load()).await;
     }
     encoding
+}
+
+/// The official SDKs number their retries in `x-stainless-retry-count`.
+fn retrying(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|n| n > 0)
+}
+
+/// A client that sends the same `Idempotency-Key` again retries.
+fn idempotency_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty())
 }
 
 /// Seed 000's `metadata.user`: who said each user message, unless the

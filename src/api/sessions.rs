@@ -290,11 +290,15 @@ pub async fn get(State(app): State<Arc<App>>, target: Target) -> Result<Json<Val
 pub struct HistoryQuery {
     format: Option<String>,
     limit: Option<usize>,
+    #[serde(default)]
+    include_superseded: bool,
 }
 
-/// `GET /v1/sessions/{id}/history[?format=openai][&limit=N]`: the stored
-/// messages, oldest first, with all their fields (seed 000's shape), or
-/// only OpenAI's fields, ready to pass to a model.
+/// `GET /v1/sessions/{id}/history[?format=openai][&limit=N]
+/// [&include_superseded=true]`: the stored messages, oldest first, with all
+/// their fields (seed 000's shape), or only OpenAI's fields, ready to pass
+/// to a model. Messages a regenerate, an edit or a retry superseded are
+/// left out unless asked for, and always from the OpenAI form.
 pub async fn history(
     State(app): State<Arc<App>>,
     target: Target,
@@ -310,7 +314,12 @@ pub async fn history(
         }
     };
     let session = existing(&app, &target).await?;
-    let history = session.snapshot();
+    let mut history = session.snapshot();
+    if openai || !q.include_superseded {
+        history
+            .messages
+            .retain(|m| !crate::interruption::is_superseded(m));
+    }
     let skip = q
         .limit
         .map_or(0, |n| history.messages.len().saturating_sub(n));

@@ -22,11 +22,13 @@ use crate::inflight::{InFlight, Recorder};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::metrics::{Cause, Metrics};
+use crate::reconcile::{self, Hints, Reconciled};
 use crate::storage::{Loaded, Meta, Op, Storage, Ticket};
 use crate::tokens::Encoding;
+use crate::vendor::VendorRules;
 use crate::webhook::{Event, Notifier};
 use crate::window::{self, Limits, TrimReason, TrimScope};
-use crate::{reconcile, turns};
+use crate::{render, turns};
 
 /// Longest session id, in bytes (all its characters are ASCII).
 pub const MAX_ID_LEN: usize = 128;
@@ -96,6 +98,9 @@ struct State {
     /// What storage holds of the meta, so that a turn writes only what it
     /// changed.
     saved: Saved,
+    /// The last turn's `Idempotency-Key`: the same key again is a retry.
+    /// Kept in memory only; an SDK's retry also says so in its headers.
+    last_key: Option<String>,
 }
 
 /// The meta as last sent to storage. Users and system messages can be
@@ -124,7 +129,17 @@ impl State {
             window_from: meta.first_seq,
             bytes: 0,
             saved: Saved::default(),
+            last_key: None,
         }
+    }
+
+    /// The newest message that is not superseded.
+    fn last_visible(&self) -> Option<&Message> {
+        self.messages
+            .iter()
+            .rev()
+            .map(|m| &**m)
+            .find(|m| !interruption::is_superseded(m))
     }
 
     /// A session as storage holds it.
@@ -197,11 +212,30 @@ pub struct History {
     pub messages: Vec<Arc<Message>>,
 }
 
+/// A request's turn, as the session needs it.
+pub struct TurnRequest<'a> {
+    /// The request's messages, instructions taken out.
+    pub incoming: &'a [Message],
+    pub user: Option<&'a str>,
+    /// How the model the turn is sent to counts tokens.
+    pub encoding: Encoding,
+    pub now_ms: i64,
+    /// The client says it retries (`x-stainless-retry-count` above 0).
+    pub retrying: bool,
+    pub idempotency_key: Option<&'a str>,
+    /// How the upstream sees the history, and its fallback if it has one.
+    pub rules: &'a VendorRules,
+    pub fallback_rules: Option<&'a VendorRules>,
+}
+
 /// What a turn sends upstream, decided when its messages were appended.
 #[derive(Debug)]
 pub struct Prepared {
     pub turn_id: u64,
+    /// What the upstream is sent after the instructions (`render`).
     pub window: Vec<Arc<Message>>,
+    /// The same for the fallback upstream, rendered for it.
+    pub fallback_window: Option<Vec<Arc<Message>>>,
     pub system_messages: Vec<Message>,
     /// Changes when the history is reset or replaced (see `State`).
     pub incarnation: u64,
@@ -215,6 +249,7 @@ impl Prepared {
         Self {
             turn_id: 0,
             window: shared(conversation),
+            fallback_window: None,
             system_messages: Vec::new(),
             incarnation: 0,
             durable: Ticket::ready(),
@@ -377,25 +412,22 @@ impl Session {
     }
 
     /// Opens a turn: settles the reply still in flight (if any), merges the
-    /// client's conversation into the history, and decides the window
-    /// (`encoding` counts tokens for the model the turn is sent to).
+    /// client's conversation into the history, and decides what the
+    /// upstream is sent.
     pub fn begin(
         self: &Arc<Self>,
         policy: &Arc<Policy>,
-        incoming: &[Message],
-        user: Option<&str>,
-        encoding: Encoding,
-        now_ms: i64,
+        req: &TurnRequest<'_>,
     ) -> Result<(Prepared, Arc<InFlight>), Refused> {
         let mut st = self.settled(policy.on_new_request)?;
-        if let Some(user) = user {
+        if let Some(user) = req.user {
             if !st.users.iter().any(|u| u == user) {
                 st.users.push(user.to_owned());
                 st.meta_changed();
             }
         }
-        self.touch(now_ms);
-        let prepared = self.append(&mut st, policy, incoming, encoding, now_ms);
+        self.touch(req.now_ms);
+        let prepared = self.append(&mut st, policy, req);
         let recorder = Recorder::new(Arc::clone(self), Arc::clone(policy));
         let flight = Arc::new(InFlight::new(Some(recorder), prepared.turn_id));
         st.active = Some(Arc::clone(&flight));
@@ -453,27 +485,22 @@ impl Session {
         }
     }
 
-    fn append(
-        &self,
-        st: &mut State,
-        policy: &Policy,
-        incoming: &[Message],
-        encoding: Encoding,
-        now_ms: i64,
-    ) -> Prepared {
+    fn append(&self, st: &mut State, policy: &Policy, req: &TurnRequest<'_>) -> Prepared {
+        let now_ms = req.now_ms;
+        let incoming = req.incoming;
         let mut ops = Vec::new();
-        let found = reconcile::reconcile(&st.messages, incoming, st.first_seq > 0);
-        for (i, heard) in found.shortened {
-            if i < st.messages.len() {
-                st.edit_message(i, |m| {
-                    interruption::mark_stored(m, Some(&Spoken::Text(heard)), now_ms)
-                });
-                ops.push(self.set_op(st, i));
-            }
-        }
-        let mut new = incoming[found.overlap..].to_vec();
-        let last = st.messages.last().map(|m| &**m);
-        st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, last, now_ms);
+        let same_key = req
+            .idempotency_key
+            .is_some_and(|k| st.last_key.as_deref() == Some(k));
+        let hints = Hints {
+            front_dropped: st.first_seq > 0,
+            retry: req.retrying || same_key,
+        };
+        let found = reconcile::reconcile(&st.messages, incoming, hints);
+        self.apply(st, policy, &found, incoming.len(), now_ms, &mut ops);
+        st.last_key = req.idempotency_key.map(str::to_owned);
+        let mut new = incoming[found.new_from(incoming.len())..].to_vec();
+        st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, st.last_visible(), now_ms);
         let from = st.messages.len();
         st.extend_messages(new);
         ops.extend((from..st.messages.len()).map(|i| self.push_op(st, i)));
@@ -483,23 +510,83 @@ impl Session {
             messages: policy.history.window_messages,
             chars: policy.history.window_chars,
             tokens: policy.history.window_tokens,
-            encoding,
+            encoding: req.encoding,
         };
-        let window::Window { start, reason } = window::window(&st.messages, limits);
-        let from = st.first_seq + start as u64;
-        if let Some(reason) = reason {
-            policy.metrics.add_trimmed(TrimScope::Window, reason, start);
+        let sent = render::outbound(&st.messages, req.rules, limits);
+        let from = st.first_seq + sent.start as u64;
+        if let Some(reason) = sent.reason {
+            policy
+                .metrics
+                .add_trimmed(TrimScope::Window, reason, sent.start);
             if from != st.window_from {
-                self.trimmed(policy, TrimScope::Window, reason, start);
+                self.trimmed(policy, TrimScope::Window, reason, sent.start);
             }
         }
         st.window_from = from;
+        let fallback_window = req
+            .fallback_rules
+            .map(|rules| render::outbound(&st.messages, rules, limits).messages);
         Prepared {
             turn_id: st.turn_id,
-            window: st.messages[start..].to_vec(),
+            window: sent.messages,
+            fallback_window,
             system_messages: st.system_messages.clone(),
             incarnation: st.incarnation,
             durable: self.persist(st, policy, ops),
+        }
+    }
+
+    /// Carries out what `reconcile` decided of the stored messages: the
+    /// replies the client resent shortened are marked as heard, and those
+    /// a regenerate, an edit or a retry replaced are superseded.
+    fn apply(
+        &self,
+        st: &mut State,
+        policy: &Policy,
+        found: &Reconciled,
+        sent: usize,
+        now_ms: i64,
+        ops: &mut Vec<Op>,
+    ) {
+        let superseded_from = found.superseded_from().unwrap_or(st.messages.len());
+        for (i, heard) in &found.shortened {
+            if *i < superseded_from {
+                st.edit_message(*i, |m| {
+                    interruption::mark_stored(
+                        m,
+                        Some(&Spoken::Text(heard.clone())),
+                        now_ms,
+                        Cause::NewRequest.label(),
+                    )
+                });
+                ops.push(self.set_op(st, *i));
+            }
+        }
+        let Some(reason) = found.rewrite(&st.messages, sent) else {
+            return;
+        };
+        let mut gone = Vec::new();
+        for i in superseded_from..st.messages.len() {
+            let m = &st.messages[i];
+            if !interruption::is_superseded(m) && !interruption::from_the_session_api(m) {
+                st.edit_message(i, |m| interruption::supersede(m, now_ms));
+                ops.push(self.set_op(st, i));
+                gone.push(Arc::clone(&st.messages[i]));
+            }
+        }
+        if gone.is_empty() {
+            return;
+        }
+        policy.metrics.superseded(reason.label(), gone.len());
+        tracing::debug!(session = %self.id, reason = reason.label(), superseded = gone.len(),
+            "history rewritten");
+        if policy.notifier.wants("history_rewritten") {
+            policy.notifier.notify(Event::HistoryRewritten {
+                session_id: self.id.clone(),
+                reason,
+                turn_id: st.turn_id,
+                superseded: gone,
+            });
         }
     }
 
@@ -609,12 +696,12 @@ impl Session {
         // by later turns, and a failure record was never said by the model.
         let Some(last) = st.messages.len().checked_sub(1).filter(|&i| {
             let m = &st.messages[i];
-            m.role == "assistant" && !interruption::is_failure(m)
+            m.role == "assistant" && !interruption::is_failure(m) && !interruption::is_superseded(m)
         }) else {
             return Interrupted::NothingToInterrupt;
         };
         let record = st.edit_message(last, |m| {
-            interruption::mark_stored(m, spoken, now_ms);
+            interruption::mark_stored(m, spoken, now_ms, Cause::Endpoint.label());
             m.clone()
         });
         let op = self.set_op(&st, last);
