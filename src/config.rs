@@ -434,6 +434,11 @@ pub struct UpstreamConfig {
     /// What the upstream's chat template accepts of roles in a row.
     #[serde(default)]
     pub roles: Roles,
+    /// The most requests recall has open to this upstream at once (0: no
+    /// limit). Live turns come first: a drain of a cut reply holds a slot
+    /// only while no live request waits.
+    #[serde(default)]
+    pub max_concurrent: usize,
     /// `mock://` upstreams only: the wait before each streamed content
     /// chunk. Unset: `mock::DEFAULT_CHUNK_DELAY_MS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

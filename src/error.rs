@@ -85,6 +85,12 @@ pub enum UpstreamError {
         "upstream `{upstream}` answered with something that is not a chat completion: {reason}"
     )]
     Invalid { upstream: String, reason: String },
+    #[error("upstream `{upstream}` had no free slot (max_concurrent = {limit}) within {secs} s")]
+    Busy {
+        upstream: String,
+        limit: usize,
+        secs: u64,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -229,6 +235,13 @@ impl ApiError {
                     "upstream_error",
                     None,
                     Some("upstream_invalid_response"),
+                ),
+                // Nothing was sent: a retry later may find a slot.
+                UpstreamError::Busy { .. } => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "upstream_error",
+                    None,
+                    Some("upstream_busy"),
                 ),
             },
         }

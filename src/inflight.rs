@@ -339,14 +339,29 @@ impl InFlight {
     /// The drain after a cut is over: `complete` says whether the upstream
     /// reached the end of its reply.
     pub fn drained(&self, complete: bool) {
+        self.drain_over(complete, None);
+    }
+
+    /// The drain was cut short for a live request that needed its
+    /// upstream slot (`max_concurrent`): `original` keeps what was read.
+    pub fn drain_yielded(&self) {
+        self.drain_over(false, Some(interruption::DRAIN_YIELDED));
+    }
+
+    fn drain_over(&self, complete: bool, error: Option<&str>) {
         let p = self.progress();
         if let Outcome::Interrupted { seq } = p.outcome {
             let full = p.received().to_message();
             let complete = complete || p.received().is_complete();
             if let Some(r) = &self.recorder {
-                r.policy.metrics.drained(complete);
+                r.policy.metrics.drained(complete, error.is_some());
             }
-            self.update(seq, |m| interruption::set_original(m, &full, complete));
+            self.update(seq, |m| {
+                interruption::set_original(m, &full, complete);
+                if let (Some(error), false) = (error, complete) {
+                    interruption::set_error(m, error);
+                }
+            });
         }
     }
 

@@ -20,6 +20,9 @@ pub const ORIGINAL: &str = "original";
 pub const ORIGINAL_COMPLETE: &str = "original_complete";
 pub const ORIGINAL_TOOL_CALLS: &str = "original_tool_calls";
 pub const ERROR: &str = "error";
+/// `error` of a record whose drain was cut short because a live request
+/// needed the upstream's slot (`max_concurrent`).
+pub const DRAIN_YIELDED: &str = "drain_yielded";
 /// Who cut a reply off: `new_request`, `endpoint` and `replica` are the
 /// user barging in; `client_gone`, `shutdown` and `upstream` mean the
 /// client never got the reply whole, so sending the turn again is a retry.

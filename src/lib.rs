@@ -2,8 +2,9 @@
 //!
 //! The request path, top to bottom (see ARCHITECTURE.md):
 //! `api` (route, parse) → `session` (lookup, turn lock) → `reconcile` →
-//! `window` → `vendor` (rewrite) → `upstream` → `relay` (stream + record).
-//! `reconcile`, `window`, `turns`, `vendor` and `accumulate` are pure.
+//! `render` (render + window + grammar) → `vendor` (rewrite) → `upstream`
+//! (`gate`: a slot under `max_concurrent`) → `relay` (stream + record).
+//! `reconcile`, `render`, `window`, `turns`, `vendor` and `accumulate` are pure.
 
 pub mod accumulate;
 pub mod api;
@@ -15,6 +16,7 @@ pub mod cut;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gate;
 pub mod idle;
 pub mod inflight;
 pub mod interruption;

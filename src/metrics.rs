@@ -197,7 +197,7 @@ impl Default for Metrics {
         let drains = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "drains",
-            "Cut-off replies read on from the upstream to record them whole, by outcome",
+            "Cut-off replies read on from the upstream to record them whole, by outcome (complete, incomplete, or yielded: cut short for a live request under max_concurrent)",
             drains.clone(),
         );
         let cache = Family::<OutcomeLabels, Counter>::default();
@@ -351,8 +351,12 @@ impl Metrics {
 
     /// A drain ended: the upstream finished the reply, or it was given up
     /// (timeout, size limit, or the upstream broke).
-    pub fn drained(&self, complete: bool) {
-        let outcome = if complete { "complete" } else { "incomplete" };
+    pub fn drained(&self, complete: bool, yielded: bool) {
+        let outcome = match (complete, yielded) {
+            (true, _) => "complete",
+            (false, true) => "yielded",
+            (false, false) => "incomplete",
+        };
         self.drains.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 

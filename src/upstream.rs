@@ -11,6 +11,7 @@ use wildmatch::WildMatch;
 
 use crate::config::UpstreamConfig;
 use crate::error::UpstreamError;
+use crate::gate::{Gate, Slot};
 use crate::idle::IdleLimit;
 use crate::mock::{MockKind, MockServer, Pace};
 use crate::vendor::VendorRules;
@@ -41,6 +42,8 @@ pub struct Upstream {
     /// The built-in server this upstream calls, for a `mock://` base URL;
     /// it lives as long as the upstream.
     mock: Option<MockServer>,
+    /// `max_concurrent`, when set.
+    gate: Option<Arc<Gate>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +128,7 @@ impl Upstream {
             read_timeout: Duration::from_secs(c.read_timeout_secs),
             clients,
             mock,
+            gate: (c.max_concurrent > 0).then(|| Gate::new(c.max_concurrent)),
         })
     }
 
@@ -136,6 +140,22 @@ impl Upstream {
     /// The built-in server behind a `mock://` upstream, if this is one.
     pub fn mock(&self) -> Option<&MockServer> {
         self.mock.as_ref()
+    }
+
+    /// A slot for a live call under `max_concurrent` (none without a
+    /// limit), waited for in order within `timeout_secs`.
+    pub async fn slot(&self) -> Result<Option<Slot>, UpstreamError> {
+        let Some(gate) = &self.gate else {
+            return Ok(None);
+        };
+        tokio::time::timeout(self.timeout, gate.acquire())
+            .await
+            .map(Some)
+            .map_err(|_| UpstreamError::Busy {
+                upstream: self.name.clone(),
+                limit: gate.limit(),
+                secs: self.timeout.as_secs(),
+            })
     }
 
     pub fn serves(&self, model: &str) -> bool {

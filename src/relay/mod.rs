@@ -30,6 +30,7 @@ use crate::accumulate;
 use crate::config::InterruptionConfig;
 use crate::cut::CutWait;
 use crate::error::{ApiError, RequestError, UpstreamError};
+use crate::gate::Slot;
 use crate::idle::BodyError;
 use crate::inflight::InFlight;
 use crate::metrics::Metrics;
@@ -180,10 +181,10 @@ impl Drop for GoneGuard {
 async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
     let mut watch = CutWatch::new(&ex);
     let mut called = Instant::now();
-    let mut outcome = watch.run(ex.call()).await;
+    let mut outcome = watch.call(&ex).await;
     if let Some((fallback, body)) = ex.fallback.take() {
         let retry = match &outcome {
-            Some(Err(UpstreamError::Unreachable { .. })) => true,
+            Some(Err(UpstreamError::Unreachable { .. } | UpstreamError::Busy { .. })) => true,
             Some(Ok(resp)) => resp.status().is_server_error(),
             _ => false,
         };
@@ -194,11 +195,11 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
             ex.upstream = fallback;
             ex.body = body;
             called = Instant::now();
-            outcome = watch.run(ex.call()).await;
+            outcome = watch.call(&ex).await;
         }
     }
     let resp = match outcome {
-        None => return ex.flight.drained(false),
+        None => return watch.stopped(),
         Some(Err(e)) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %e, "upstream call failed");
             ex.metrics.upstream_error(&ex.upstream.name);
@@ -235,7 +236,7 @@ async fn whole(
 ) {
     let body = ex.upstream.body(resp);
     let bytes = match watch.run(read_whole(body, MAX_ANSWER_BYTES)).await {
-        None => return ex.flight.drained(false),
+        None => return watch.stopped(),
         Some(Ok(b)) => b,
         Some(Err(e)) => {
             let err = match e {
@@ -336,7 +337,8 @@ fn error_message(body: &[u8]) -> String {
 
 /// Waits on upstream I/O until the reply is cut; after the cut, either
 /// stops at once (`capture_original = false`, or a stateless request) or
-/// goes on until the drain deadline.
+/// goes on until the drain deadline, or until a live request needs the
+/// upstream slot it holds.
 struct CutWatch {
     flight: Arc<InFlight>,
     /// One wait on the cut for the whole exchange, not a new one per chunk.
@@ -344,6 +346,12 @@ struct CutWatch {
     capture: bool,
     drain_for: Duration,
     deadline: Option<Instant>,
+    /// The call's slot under the upstream's `max_concurrent`, held to the
+    /// end of the exchange, drain included.
+    slot: Option<Slot>,
+    /// While draining with a slot: resolves when a live request asks for it.
+    asked_back: Option<CutWait>,
+    yielded: bool,
 }
 
 impl CutWatch {
@@ -354,11 +362,34 @@ impl CutWatch {
             capture: ex.drain.capture_original && ex.flight.records(),
             drain_for: Duration::from_secs(ex.drain.drain_timeout_secs),
             deadline: None,
+            slot: None,
+            asked_back: None,
+            yielded: false,
         }
     }
 
     fn is_cut(&self) -> bool {
         self.flight.is_cut()
+    }
+
+    /// The chat call to the exchange's current upstream, once it has a
+    /// slot for it. `None` when abandoned.
+    async fn call(&mut self, ex: &Exchange) -> Option<Result<reqwest::Response, UpstreamError>> {
+        // The slot of the upstream tried before (a fallback's first try).
+        self.slot = None;
+        let wait = ex.upstream.slot();
+        tokio::pin!(wait);
+        let slot = tokio::select! {
+            biased;
+            slot = &mut wait => slot,
+            // A reply cut before its call was made has nothing to drain.
+            _ = &mut self.cut => return None,
+        };
+        match slot {
+            Ok(slot) => self.slot = slot,
+            Err(e) => return Some(Err(e)),
+        }
+        self.run(ex.call()).await
     }
 
     /// `None` when the wait was abandoned.
@@ -376,9 +407,34 @@ impl CutWatch {
                 return None;
             }
             self.deadline = Some(Instant::now() + self.drain_for);
+            self.asked_back = self.slot.as_mut().map(Slot::draining);
         }
         let deadline = self.deadline?;
-        tokio::time::timeout_at(deadline, fut).await.ok()
+        let Some(asked_back) = self.asked_back.as_mut() else {
+            return tokio::time::timeout_at(deadline, fut).await.ok();
+        };
+        if self.yielded {
+            return None;
+        }
+        // The ask first: an upstream that always has data ready would
+        // otherwise never let go.
+        tokio::select! {
+            biased;
+            _ = asked_back => {
+                self.yielded = true;
+                None
+            }
+            out = tokio::time::timeout_at(deadline, fut) => out.ok(),
+        }
+    }
+
+    /// The exchange stopped reading after a cut: records why.
+    fn stopped(&self) {
+        if self.yielded {
+            self.flight.drain_yielded();
+        } else {
+            self.flight.drained(false);
+        }
     }
 }
 

@@ -92,7 +92,8 @@ where
             .run(std::future::poll_fn(|cx| reader.poll_step(cx, flight)))
             .await;
         match step {
-            None | Some(Step::Finished) => return flight.drained(false),
+            None => return watch.stopped(),
+            Some(Step::Finished) => return flight.drained(false),
             Some(Step::Chunk(bytes, events)) => {
                 flight.on_received(&events);
                 drained += bytes.len();

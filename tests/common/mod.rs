@@ -86,6 +86,14 @@ struct MockState {
     /// Streams whose body was dropped before its last chunk was written.
     streams_cut: AtomicUsize,
     calls: AtomicUsize,
+    /// Set: requests are answered one at a time, as by a server with one
+    /// slot (llama.cpp's default); a stream holds it until its body ends
+    /// or its client closes the connection.
+    one_slot: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+    /// Requests being answered now (a stream until its body is dropped),
+    /// and the most seen at once.
+    open: AtomicUsize,
+    peak: AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -129,6 +137,45 @@ impl MockUpstream {
     pub fn streams_cut(&self) -> usize {
         self.state.streams_cut.load(Ordering::SeqCst)
     }
+
+    /// From now on, answers one request at a time.
+    pub fn serve_one_at_a_time(&self) {
+        *self.state.one_slot.lock().unwrap() = Some(Arc::new(tokio::sync::Semaphore::new(1)));
+    }
+
+    /// The most requests this upstream was answering at once.
+    pub fn peak_open(&self) -> usize {
+        self.state.peak.load(Ordering::SeqCst)
+    }
+}
+
+/// A request being answered: counted open until dropped (with the
+/// response body, for a stream), holding the one slot if there is one.
+struct Open {
+    state: Arc<MockState>,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Open {
+    async fn begin(state: &Arc<MockState>) -> Self {
+        let one_slot = state.one_slot.lock().unwrap().clone();
+        let slot = match one_slot {
+            Some(s) => Some(s.acquire_owned().await.unwrap()),
+            None => None,
+        };
+        let now = state.open.fetch_add(1, Ordering::SeqCst) + 1;
+        state.peak.fetch_max(now, Ordering::SeqCst);
+        Self {
+            state: Arc::clone(state),
+            _slot: slot,
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.state.open.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 async fn mock_handler(
@@ -137,6 +184,7 @@ async fn mock_handler(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    let open = Open::begin(&state).await;
     let n = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     state.received.lock().unwrap().push(Received {
@@ -167,9 +215,9 @@ async fn mock_handler(
             tokio::time::sleep(Duration::from_secs(3600)).await;
             json_response(500, Value::Null, &[])
         }
-        Reply::Sse { chunks } => sse_response(chunks, state),
+        Reply::Sse { chunks } => sse_response(chunks, state, open),
         Reply::JsonInPieces { chunks } => {
-            let mut r = sse_response(chunks, state);
+            let mut r = sse_response(chunks, state, open);
             r.headers_mut()
                 .insert("content-type", "application/json".parse().unwrap());
             r
@@ -203,6 +251,7 @@ fn json_response(status: u16, body: Value, headers: &[(&str, &str)]) -> Response
 struct CutGuard {
     state: Arc<MockState>,
     finished: bool,
+    _open: Open,
 }
 
 impl Drop for CutGuard {
@@ -213,10 +262,11 @@ impl Drop for CutGuard {
     }
 }
 
-fn sse_response(chunks: Vec<(Duration, String)>, state: Arc<MockState>) -> Response {
+fn sse_response(chunks: Vec<(Duration, String)>, state: Arc<MockState>, open: Open) -> Response {
     let guard = CutGuard {
         state,
         finished: false,
+        _open: open,
     };
     let stream = futures_util::stream::unfold(
         (VecDeque::from(chunks), guard),

@@ -1,0 +1,199 @@
+//! `max_concurrent` on an upstream: the requests recall has open to it at
+//! once, live turns first. The mock here serves one request at a time, as
+//! llama.cpp's server does with its one slot: a barge-in must not wait for
+//! the drain of the reply it cut, and live requests past the limit wait in
+//! order instead of piling up inside the server.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use futures_util::{Stream, StreamExt};
+use serde_json::{json, Value};
+
+type ByteStream = std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// A reply that takes `n * gap` to stream whole.
+fn long_reply(n: usize, gap: Duration) -> Reply {
+    let mut pieces = vec!["Once upon a time"];
+    pieces.extend(std::iter::repeat_n(" and then", n));
+    sse_text(&pieces, gap)
+}
+
+async fn stream_until(h: &Harness, session: &str, text: &str, until: &str) -> ByteStream {
+    let resp = h
+        .post_chat(
+            session,
+            json!({"model": "m", "stream": true, "messages": [user(text)]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut stream: ByteStream = Box::pin(resp.bytes_stream());
+    let mut seen = String::new();
+    while !seen.contains(until) {
+        let chunk = stream.next().await.expect("stream ended early").unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    stream
+}
+
+/// Polls the history until `pred` holds for the message at `index`.
+async fn wait_for(h: &Harness, session: &str, index: usize, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, hist) = h.history(session).await;
+        if let Some(m) = hist["contents"].get(index).filter(|m| pred(m)) {
+            return m.clone();
+        }
+        assert!(Instant::now() < deadline, "{session}[{index}]: {hist}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The drain ended: it read the whole reply, or it gave up and said why.
+fn drain_over(m: &Value) -> bool {
+    m["metadata"]["original_complete"] == true || m["metadata"]["error"].is_string()
+}
+
+#[tokio::test]
+async fn a_barge_in_takes_the_only_slot_from_the_drain_of_the_reply_it_cut() {
+    // Without the limit, B's request would queue inside the one-slot
+    // server behind A's drain: 6 s of reply nobody hears.
+    let h = Harness::start(
+        "[interruption]\ndrain_timeout_secs = 60\n",
+        "max_concurrent = 1\n",
+    )
+    .await;
+    h.upstream.serve_one_at_a_time();
+    h.upstream.push(long_reply(300, Duration::from_millis(20)));
+    h.upstream.push(completion("Sure, what about?"));
+    let a = stream_until(&h, "voice", "tell me a story", "Once upon").await;
+
+    let sent = Instant::now();
+    let (status, body) = h
+        .chat(
+            Some("voice"),
+            json!({"model": "m", "messages": [user("actually, a joke")]}),
+        )
+        .await;
+    let waited = sent.elapsed();
+    println!("the barge-in was answered after {waited:?}; A had 6 s of reply left");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "Sure, what about?");
+    // Coarse: only shows that B did not wait for A's drain (6 s).
+    assert!(waited < Duration::from_secs(2), "the barge-in waited {waited:?}");
+
+    let record = wait_for(&h, "voice", 1, drain_over).await;
+    assert_eq!(record["metadata"]["interrupted"], true);
+    assert_eq!(record["metadata"]["cut_by"], "new_request");
+    assert_eq!(record["metadata"]["original_complete"], false);
+    assert_eq!(record["metadata"]["error"], "drain_yielded");
+    let heard = record["content"].as_str().unwrap();
+    let original = record["metadata"]["original"].as_str().unwrap();
+    assert!(heard.starts_with("Once upon a time"), "{heard}");
+    assert!(original.starts_with(heard), "{original} / {heard}");
+    assert_eq!(h.upstream.streams_cut(), 1, "A's stream was closed");
+    assert_eq!(h.upstream.peak_open(), 1);
+    // B's turn follows A's record; nothing else was stored.
+    assert_eq!(
+        h.transcript("voice").await.len(),
+        4,
+        "{:?}",
+        h.transcript("voice").await
+    );
+    let metrics = h.client.get(format!("{}/metrics", h.url)).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(
+        metrics.contains("drains_total{outcome=\"yielded\"} 1"),
+        "{metrics}"
+    );
+    drop(a);
+}
+
+#[tokio::test]
+async fn a_drain_nobody_waits_for_keeps_its_slot_and_records_the_whole_original() {
+    let h = Harness::start(
+        "[interruption]\ndrain_timeout_secs = 60\n",
+        "max_concurrent = 1\n",
+    )
+    .await;
+    h.upstream.serve_one_at_a_time();
+    h.upstream.push(long_reply(20, Duration::from_millis(10)));
+    let a = stream_until(&h, "alone", "tell me a story", "Once upon").await;
+    drop(a);
+    let record = wait_for(&h, "alone", 1, drain_over).await;
+    assert_eq!(record["metadata"]["original_complete"], true);
+    assert!(record["metadata"]["error"].is_null(), "{record}");
+    assert_eq!(h.upstream.streams_cut(), 0);
+}
+
+#[tokio::test]
+async fn live_requests_past_the_limit_wait_in_order_and_each_is_answered() {
+    let h = Harness::start("", "max_concurrent = 2\n").await;
+    let n = 6;
+    for _ in 0..n {
+        h.upstream.push(long_reply(5, Duration::from_millis(30)));
+    }
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let h = &h;
+        calls.push(async move {
+            // Sent in order, a little apart.
+            tokio::time::sleep(Duration::from_millis(15 * i as u64)).await;
+            let resp = h
+                .post_chat(
+                    &format!("s{i}"),
+                    json!({"model": "m", "stream": true, "messages": [user(&format!("q{i}"))]}),
+                )
+                .await;
+            (resp.status(), resp.text().await.unwrap())
+        });
+    }
+    let results = futures_util::future::join_all(calls).await;
+    let answered = results
+        .iter()
+        .filter(|(s, body)| *s == 200 && body.contains("[DONE]"))
+        .count();
+    println!(
+        "attempted {n}, answered {answered}, upstream peak {}",
+        h.upstream.peak_open()
+    );
+    assert_eq!(answered, n, "{results:?}");
+    assert_eq!(h.upstream.peak_open(), 2);
+    let order: Vec<String> = h
+        .upstream
+        .received()
+        .iter()
+        .map(|r| r.transcript().last().cloned().unwrap_or_default())
+        .collect();
+    let expected: Vec<String> = (0..n).map(|i| format!("user: q{i}")).collect();
+    assert_eq!(order, expected, "the upstream got them out of order");
+}
+
+#[tokio::test]
+async fn a_request_that_finds_no_slot_within_its_timeout_gets_a_503_that_says_so() {
+    let h = Harness::start("", "max_concurrent = 1\ntimeout_secs = 1\n").await;
+    h.upstream.push(long_reply(10, Duration::from_millis(300)));
+    let a = stream_until(&h, "first", "tell me a story", "Once upon").await;
+    let (status, body) = h
+        .chat(
+            Some("second"),
+            json!({"model": "m", "messages": [user("hello")]}),
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_busy");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_concurrent = 1"),
+        "{body}"
+    );
+    // Only A reached the upstream; B's message is kept, as for any failed call.
+    assert_eq!(h.upstream.received().len(), 1);
+    assert_eq!(h.transcript("second").await, ["user: hello"]);
+    drop(a);
+}
