@@ -14,6 +14,12 @@ answer by what it says:
 - "fail 400" (or any 4xx/5xx code)   -> that status, OpenAI's error shape
 - "slow ..."                         -> a reply of SLOW_WORDS words, streamed one
                                         word per chunk, SLOW_DELAY apart
+- "stall ..."                        -> a stream that pauses STALL_SECS after a few
+                                        words, then goes on; only the first time
+                                        these exact messages arrive (since the
+                                        last DELETE /_received), so a client that
+                                        timed out and sends them again gets the
+                                        reply at once
 - "break ..."                        -> a stream cut off after a few chunks (the
                                         connection is closed mid-body)
 - "truncate ..."                     -> a stream that ends cleanly after a few
@@ -46,6 +52,8 @@ MODEL_FALLBACK = "scripted-model"
 SLOW_WORDS = 60
 SLOW_DELAY = 0.025
 BREAK_AFTER_WORDS = 3
+STALL_AFTER_WORDS = 3
+STALL_SECS = 1.5
 
 WEATHER_CALL = {
     "id": "call_weather_1",
@@ -60,6 +68,10 @@ def slow_text() -> str:
 
 def break_text() -> str:
     return "this reply breaks off before it ends"
+
+
+def stall_text() -> str:
+    return "stalled reply: " + " ".join(f"word{i}" for i in range(10))
 
 
 def text_of(content) -> str:
@@ -83,7 +95,7 @@ class Plan:
     """What to answer: text, tool calls, an error, or a broken stream."""
 
     def __init__(self, text=None, tool_calls=None, status=200, error=None, delay=0.0, cut_after=None,
-                 clean_cut=False):
+                 clean_cut=False, stall_after=None):
         self.text = text
         self.tool_calls = tool_calls
         self.status = status
@@ -91,6 +103,7 @@ class Plan:
         self.delay = delay
         self.cut_after = cut_after
         self.clean_cut = clean_cut
+        self.stall_after = stall_after
 
 
 def plan_for(body: dict) -> Plan:
@@ -124,6 +137,8 @@ def plan_for(body: dict) -> Plan:
         )
     if lowered.startswith("slow"):
         return Plan(text=slow_text(), delay=SLOW_DELAY)
+    if lowered.startswith("stall"):
+        return Plan(text=stall_text(), stall_after=STALL_AFTER_WORDS)
     if lowered.startswith("break"):
         return Plan(text=break_text(), cut_after=BREAK_AFTER_WORDS)
     if lowered.startswith("truncate"):
@@ -150,6 +165,14 @@ class State:
     def clear(self) -> None:
         with self.lock:
             self.received.clear()
+
+    def times_seen(self, path: str, messages) -> int:
+        """How many recorded requests to `path` carried these messages."""
+        with self.lock:
+            return sum(
+                1 for e in self.received
+                if e["path"] == path and isinstance(e["body"], dict) and e["body"].get("messages") == messages
+            )
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -231,6 +254,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
             return
         plan = plan_for(body)
+        if plan.stall_after is not None and self.state.times_seen(self.path, body.get("messages")) > 1:
+            plan.stall_after = None  # stalls once: the same request again streams at once
         if plan.error is not None:
             # Retryable errors ask for a short wait, so the SDKs' retries are quick.
             retry = {"retry-after-ms": "20"} if plan.status >= 500 or plan.status == 429 else None
@@ -325,6 +350,8 @@ class Handler(BaseHTTPRequestHandler):
                         return
                     if plan.delay:
                         time.sleep(plan.delay)
+                    if plan.stall_after is not None and sent == plan.stall_after:
+                        time.sleep(STALL_SECS)
                     self.write_chunk(chunk({"content": piece}))
                     sent += 1
                 finish = "stop"
