@@ -223,7 +223,9 @@ mod tests {
     use std::time::Duration;
 
     async fn soon<F: Future>(f: F) -> Option<F::Output> {
-        tokio::time::timeout(Duration::from_millis(50), f).await.ok()
+        tokio::time::timeout(Duration::from_millis(50), f)
+            .await
+            .ok()
     }
 
     #[tokio::test]
@@ -289,7 +291,10 @@ mod tests {
         assert!(soon(&mut asked).await.is_none(), "nobody waits yet");
         let mut live = Box::pin(gate.acquire());
         assert!(soon(&mut asked).await.is_some(), "asked back");
-        assert!(soon(&mut live).await.is_none(), "not before the drain lets go");
+        assert!(
+            soon(&mut live).await.is_none(),
+            "not before the drain lets go"
+        );
         drop(drain);
         assert!(soon(&mut live).await.is_some());
         assert_eq!(gate.lock().yielding, 0);

@@ -40,7 +40,12 @@ async fn stream_until(h: &Harness, session: &str, text: &str, until: &str) -> By
 }
 
 /// Polls the history until `pred` holds for the message at `index`.
-async fn wait_for(h: &Harness, session: &str, index: usize, pred: impl Fn(&Value) -> bool) -> Value {
+async fn wait_for(
+    h: &Harness,
+    session: &str,
+    index: usize,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (_, hist) = h.history(session).await;
@@ -81,9 +86,15 @@ async fn a_barge_in_takes_the_only_slot_from_the_drain_of_the_reply_it_cut() {
     let waited = sent.elapsed();
     println!("the barge-in was answered after {waited:?}; A had 6 s of reply left");
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["choices"][0]["message"]["content"], "Sure, what about?");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "Sure, what about?"
+    );
     // Coarse: only shows that B did not wait for A's drain (6 s).
-    assert!(waited < Duration::from_secs(2), "the barge-in waited {waited:?}");
+    assert!(
+        waited < Duration::from_secs(2),
+        "the barge-in waited {waited:?}"
+    );
 
     let record = wait_for(&h, "voice", 1, drain_over).await;
     assert_eq!(record["metadata"]["interrupted"], true);
@@ -103,7 +114,12 @@ async fn a_barge_in_takes_the_only_slot_from_the_drain_of_the_reply_it_cut() {
         "{:?}",
         h.transcript("voice").await
     );
-    let metrics = h.client.get(format!("{}/metrics", h.url)).send().await.unwrap();
+    let metrics = h
+        .client
+        .get(format!("{}/metrics", h.url))
+        .send()
+        .await
+        .unwrap();
     let metrics = metrics.text().await.unwrap();
     assert!(
         metrics.contains("drains_total{outcome=\"yielded\"} 1"),
