@@ -236,3 +236,46 @@ async fn request_parameters_and_truncated_answers_keep_answers_apart() {
         "a truncated answer was cached"
     );
 }
+
+#[tokio::test]
+async fn a_regenerate_gets_a_new_answer_not_the_cached_one_it_replaces() {
+    let h = Harness::start("[cache]\nexact_match = true\n", "").await;
+    h.upstream.push(completion("Hello!"));
+    h.upstream.push(completion("We open at nine."));
+    h.upstream.push(completion("Nine in the morning."));
+    let send = |messages: Vec<Value>| {
+        let h = &h;
+        async move {
+            let resp = h
+                .post_chat("regen", json!({"model": "m", "messages": messages}))
+                .await;
+            let cache = resp.headers().get("x-recall-cache").cloned();
+            let body: Value = resp.json().await.unwrap();
+            (cache, body["choices"][0]["message"]["content"].clone())
+        }
+    };
+    send(vec![user("hi")]).await;
+    let asked = vec![user("hi"), assistant("Hello!"), user("When do you open?")];
+    let (cache, first) = send(asked.clone()).await;
+    assert_eq!(cache.unwrap(), "miss");
+    assert_eq!(first, "We open at nine.");
+
+    // The UI's regenerate button: the same conversation again.
+    let (cache, again) = send(asked).await;
+    assert_eq!(again, "Nine in the morning.", "answered from the cache");
+    assert_eq!(
+        cache.unwrap(),
+        "miss",
+        "a regenerate does not look the cache up"
+    );
+    assert_eq!(h.upstream.received().len(), 3);
+    assert_eq!(
+        h.transcript("regen").await,
+        [
+            "user: hi",
+            "assistant: Hello!",
+            "user: When do you open?",
+            "assistant: Nine in the morning."
+        ]
+    );
+}

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn webhook_config(url: &str, secret_var: &str, extra: &str) -> String {
     format!("[webhook]\nurl = \"{url}\"\nsecret_env = \"{secret_var}\"\nretry_backoff_ms = 50\n{extra}\n")
@@ -293,5 +293,78 @@ async fn a_redirecting_webhook_is_a_failed_delivery() {
         hits.load(std::sync::atomic::Ordering::SeqCst),
         3,
         "every attempt is retried"
+    );
+}
+
+#[tokio::test]
+async fn a_regenerate_is_reported_and_the_ended_session_delivers_what_it_superseded_marked() {
+    std::env::set_var("RECALL_TEST_HOOK_SECRET_RW", "hook-secret");
+    let hook = WebhookReceiver::start(0).await;
+    let events = "events = [\"session_ended\", \"history_rewritten\"]";
+    let h = Harness::start(
+        &webhook_config(&hook.url, "RECALL_TEST_HOOK_SECRET_RW", events),
+        "",
+    )
+    .await;
+    h.chat(Some("rw"), json!({"model": "m", "messages": [user("hi")]}))
+        .await;
+    let conversation = json!({"model": "m",
+        "messages": [user("hi"), assistant("reply 1"), user("and then?")]});
+    h.chat(Some("rw"), conversation.clone()).await;
+    // Regenerate: the same conversation again.
+    let (status, _) = h.chat(Some("rw"), conversation).await;
+    assert_eq!(status, 200);
+
+    let (_, _, event) = hook
+        .wait_for(Duration::from_secs(3), |e| {
+            e["event"] == "history_rewritten"
+        })
+        .await;
+    assert_eq!(event["session_id"], "rw");
+    assert_eq!(event["reason"], "regenerate");
+    let gone = event["superseded"].as_array().unwrap();
+    assert_eq!(gone.len(), 1, "{event}");
+    assert_eq!(gone[0]["content"], "reply 2");
+    assert_eq!(gone[0]["metadata"]["superseded"], true);
+
+    // Never part of the OpenAI form, nor of the history by default.
+    let (_, openai) = h
+        .api(Method::GET, "/v1/sessions/rw/history?format=openai", None)
+        .await;
+    let sent: Vec<&Value> = openai["contents"].as_array().unwrap().iter().collect();
+    assert_eq!(sent.len(), 4, "{openai}");
+    assert!(sent.iter().all(|m| m["content"] != "reply 2"), "{openai}");
+    assert_eq!(h.transcript("rw").await.len(), 4);
+    let metrics = h.client.get(format!("{}/metrics", h.url)).send().await;
+    let metrics = metrics.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("superseded_messages_total{reason=\"regenerate\"} 1"),
+        "{metrics}"
+    );
+
+    // The memory delivered at the end keeps it, marked, where it was.
+    h.api(Method::POST, "/v1/sessions/rw/end", None).await;
+    let (_, _, ended) = hook
+        .wait_for(Duration::from_secs(3), |e| e["event"] == "session_ended")
+        .await;
+    let contents = ended["contents"].as_array().unwrap();
+    let shown: Vec<(String, bool)> = contents
+        .iter()
+        .map(|m| {
+            (
+                m["content"].as_str().unwrap_or_default().to_owned(),
+                m["metadata"]["superseded"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("hi".into(), false),
+            ("reply 1".into(), false),
+            ("and then?".into(), false),
+            ("reply 2".into(), true),
+            ("reply 3".into(), false),
+        ]
     );
 }

@@ -22,6 +22,7 @@ use crate::config::OnNewRequest;
 use crate::error::{ApiError, RequestError};
 use crate::inflight::InFlight;
 use crate::message::{parse_messages, Message, Role};
+use crate::reconcile;
 use crate::relay::{self, now_ms, Exchange};
 use crate::session::{self, Refused};
 use crate::storage::Wait;
@@ -117,6 +118,7 @@ pub async fn completions(
             fallback_window,
             system_messages,
             incarnation,
+            rewrite,
             ..
         },
         flight,
@@ -144,7 +146,10 @@ pub async fn completions(
             &body,
         )
     });
-    if let Some(key) = cache_key.filter(|_| !bypass_cache(&headers)) {
+    // A regenerate asks for another answer than the one it superseded,
+    // which the cache may hold; its new answer is cached in its place.
+    let regenerate = rewrite == Some(reconcile::Rewrite::Regenerate);
+    if let Some(key) = cache_key.filter(|_| !bypass_cache(&headers) && !regenerate) {
         let answer = app.cache.as_ref().and_then(|c| c.get(&key));
         app.metrics.cache_lookup(answer.is_some());
         if let Some(answer) = answer {

@@ -22,7 +22,7 @@ use crate::inflight::{InFlight, Recorder};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::metrics::{Cause, Metrics};
-use crate::reconcile::{self, Hints, Reconciled};
+use crate::reconcile::{self, Hints, Reconciled, Rewrite};
 use crate::storage::{Loaded, Meta, Op, Storage, Ticket};
 use crate::tokens::Encoding;
 use crate::vendor::VendorRules;
@@ -241,6 +241,8 @@ pub struct Prepared {
     pub incarnation: u64,
     /// Resolves when the appended messages are durable.
     pub durable: Ticket,
+    /// Stored messages this request superseded, and why.
+    pub rewrite: Option<Rewrite>,
 }
 
 impl Prepared {
@@ -253,6 +255,7 @@ impl Prepared {
             system_messages: Vec::new(),
             incarnation: 0,
             durable: Ticket::ready(),
+            rewrite: None,
         }
     }
 }
@@ -497,7 +500,7 @@ impl Session {
             retry: req.retrying || same_key,
         };
         let found = reconcile::reconcile(&st.messages, incoming, hints);
-        self.apply(st, policy, &found, incoming.len(), now_ms, &mut ops);
+        let rewrite = self.apply(st, policy, &found, incoming.len(), now_ms, &mut ops);
         st.last_key = req.idempotency_key.map(str::to_owned);
         let mut new = incoming[found.new_from(incoming.len())..].to_vec();
         st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, st.last_visible(), now_ms);
@@ -533,12 +536,14 @@ impl Session {
             system_messages: st.system_messages.clone(),
             incarnation: st.incarnation,
             durable: self.persist(st, policy, ops),
+            rewrite,
         }
     }
 
     /// Carries out what `reconcile` decided of the stored messages: the
     /// replies the client resent shortened are marked as heard, and those
-    /// a regenerate, an edit or a retry replaced are superseded.
+    /// a regenerate, an edit or a retry replaced are superseded (the
+    /// reason is returned when any were).
     fn apply(
         &self,
         st: &mut State,
@@ -547,7 +552,7 @@ impl Session {
         sent: usize,
         now_ms: i64,
         ops: &mut Vec<Op>,
-    ) {
+    ) -> Option<Rewrite> {
         let superseded_from = found.superseded_from().unwrap_or(st.messages.len());
         for (i, heard) in &found.shortened {
             if *i < superseded_from {
@@ -562,9 +567,7 @@ impl Session {
                 ops.push(self.set_op(st, *i));
             }
         }
-        let Some(reason) = found.rewrite(&st.messages, sent) else {
-            return;
-        };
+        let reason = found.rewrite(&st.messages, sent)?;
         let mut gone = Vec::new();
         for i in superseded_from..st.messages.len() {
             let m = &st.messages[i];
@@ -575,7 +578,7 @@ impl Session {
             }
         }
         if gone.is_empty() {
-            return;
+            return None;
         }
         policy.metrics.superseded(reason.label(), gone.len());
         tracing::debug!(session = %self.id, reason = reason.label(), superseded = gone.len(),
@@ -588,6 +591,7 @@ impl Session {
                 superseded: gone,
             });
         }
+        Some(reason)
     }
 
     fn trim(&self, st: &mut State, policy: &Policy, ops: &mut Vec<Op>) {
