@@ -149,15 +149,18 @@ async fn a_drain_nobody_waits_for_keeps_its_slot_and_records_the_whole_original(
 async fn live_requests_past_the_limit_wait_in_order_and_each_is_answered() {
     let h = Harness::start("", "max_concurrent = 2\n").await;
     let n = 6;
+    // Each reply holds its slot for 360 ms, and requests arrive 80 ms
+    // apart: four of them wait, in an order no scheduling jitter of a
+    // loaded machine reverses.
     for _ in 0..n {
-        h.upstream.push(long_reply(5, Duration::from_millis(30)));
+        h.upstream.push(long_reply(12, Duration::from_millis(30)));
     }
     let mut calls = Vec::new();
     for i in 0..n {
         let h = &h;
         calls.push(async move {
             // Sent in order, a little apart.
-            tokio::time::sleep(Duration::from_millis(15 * i as u64)).await;
+            tokio::time::sleep(Duration::from_millis(80 * i as u64)).await;
             let resp = h
                 .post_chat(
                     &format!("s{i}"),
@@ -211,5 +214,79 @@ async fn a_request_that_finds_no_slot_within_its_timeout_gets_a_503_that_says_so
     // Only A reached the upstream; B's message is kept, as for any failed call.
     assert_eq!(h.upstream.received().len(), 1);
     assert_eq!(h.transcript("second").await, ["user: hello"]);
+    drop(a);
+}
+
+#[tokio::test]
+async fn a_request_barged_in_while_it_waits_for_a_slot_is_never_sent() {
+    let h = Harness::start("", "max_concurrent = 1\n").await;
+    h.upstream.push(long_reply(20, Duration::from_millis(30)));
+    h.upstream.push(completion("Sure."));
+    let mut first = stream_until(&h, "other", "tell me a story", "Once upon").await;
+    let reader = tokio::spawn(async move { while first.next().await.is_some() {} });
+
+    // B waits for the slot; the user talks over it before it was sent.
+    let waiting = {
+        let (client, url) = (h.client.clone(), h.url.clone());
+        tokio::spawn(async move {
+            client
+                .post(format!("{url}/v1/chat/completions"))
+                .header("x-session-id", "voice")
+                .json(&json!({"model": "m", "messages": [user("what time is it")]}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (status, body) = h
+        .chat(
+            Some("voice"),
+            json!({"model": "m", "messages": [user("no, the date")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "Sure.");
+    assert_ne!(waiting.await.unwrap(), 200);
+    reader.await.unwrap();
+
+    let sent: Vec<String> = h
+        .upstream
+        .received()
+        .iter()
+        .map(|r| r.transcript().last().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(sent, ["user: tell me a story", "user: no, the date"]);
+    let stored = h.transcript("voice").await;
+    assert_eq!(
+        stored.first().map(String::as_str),
+        Some("user: what time is it")
+    );
+    assert_eq!(stored.last().map(String::as_str), Some("assistant: Sure."));
+}
+
+#[tokio::test]
+async fn a_full_upstream_hands_the_request_to_its_fallback() {
+    let upstream = MockUpstream::start().await;
+    let url = upstream.base_url();
+    let toml = format!(
+        "[[upstreams]]\nname = \"local\"\nbase_url = \"{url}\"\nmax_concurrent = 1\n\
+         timeout_secs = 1\nfallback = \"backup\"\n\
+         [[upstreams]]\nname = \"backup\"\nbase_url = \"{url}\"\nmodels = [\"backup-only\"]\n"
+    );
+    let h = Harness::with_config(&toml, upstream).await;
+    h.upstream.push(long_reply(10, Duration::from_millis(300)));
+    h.upstream.push(completion("From the backup."));
+    let a = stream_until(&h, "first", "tell me a story", "Once upon").await;
+    let (status, body) = h
+        .chat(
+            Some("second"),
+            json!({"model": "m", "messages": [user("hello")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "From the backup.");
+    assert_eq!(h.upstream.received().len(), 2);
     drop(a);
 }

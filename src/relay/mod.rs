@@ -191,7 +191,11 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
         if retry {
             tracing::warn!(upstream = %ex.upstream.name, fallback = %fallback.name,
                 "upstream failed before answering; trying its fallback");
-            ex.metrics.upstream_error(&ex.upstream.name);
+            if !matches!(outcome, Some(Err(UpstreamError::Busy { .. }))) {
+                ex.metrics.upstream_error(&ex.upstream.name);
+            }
+            // The failed answer's connection closes before its slot passes on.
+            drop(outcome.take());
             ex.upstream = fallback;
             ex.body = body;
             called = Instant::now();
@@ -202,7 +206,10 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
         None => return watch.stopped(),
         Some(Err(e)) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %e, "upstream call failed");
-            ex.metrics.upstream_error(&ex.upstream.name);
+            // A full gate is recall's own limit, not the upstream failing.
+            if !matches!(e, UpstreamError::Busy { .. }) {
+                ex.metrics.upstream_error(&ex.upstream.name);
+            }
             ex.flight.failed(&e.to_string());
             let _ = respond.send(Err(e.into()));
             return;
@@ -377,15 +384,23 @@ impl CutWatch {
     async fn call(&mut self, ex: &Exchange) -> Option<Result<reqwest::Response, UpstreamError>> {
         // The slot of the upstream tried before (a fallback's first try).
         self.slot = None;
+        // A reply cut before its call is made (a barge-in while it waited
+        // for a slot, or before a fallback) has nothing to drain: nobody
+        // will hear it, and it must not queue for a slot or ask a drain
+        // to yield one.
+        if self.is_cut() {
+            return None;
+        }
         let wait = ex.upstream.slot();
         tokio::pin!(wait);
         let slot = tokio::select! {
             biased;
             slot = &mut wait => slot,
-            // A reply cut before its call was made has nothing to drain.
             _ = &mut self.cut => return None,
         };
         match slot {
+            // Cut as the slot came: it passes on unused.
+            Ok(_) if self.is_cut() => return None,
             Ok(slot) => self.slot = slot,
             Err(e) => return Some(Err(e)),
         }
