@@ -52,6 +52,7 @@ impl App {
         let storage: Arc<Storage> = storage;
         let upstreams =
             Upstreams::start(&config.upstreams, config.server.serving_threads()).await?;
+        metrics.preset_upstreams(config.upstreams.iter().map(|u| u.name.as_str()));
         let instructions = config
             .system_messages
             .iter()

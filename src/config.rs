@@ -341,6 +341,27 @@ pub enum InterruptedRendering {
     Annotated,
 }
 
+/// What an upstream is sent of the conversational extension fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    /// OpenAI's fields only: `turn_id`, `timestamp` and `metadata` are
+    /// stripped, as OpenAI rejects unknown fields.
+    #[default]
+    Openai,
+    /// Every field, plus `turn_id`, `timestamp` and `interruptable`.
+    Custom,
+}
+
+impl Vendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Openai => "openai",
+            Vendor::Custom => "custom",
+        }
+    }
+}
+
 /// Which sequences of roles an upstream accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -400,8 +421,8 @@ pub struct UpstreamConfig {
     /// client's own `Authorization` header is forwarded instead.
     #[serde(default)]
     pub api_key_env: Option<String>,
-    #[serde(default = "default_vendor")]
-    pub vendor: String,
+    #[serde(default)]
+    pub vendor: Vendor,
     #[serde(default = "default_models")]
     pub models: Vec<String>,
     /// Extra top-level body fields removed before the request goes upstream.
@@ -453,9 +474,6 @@ fn default_marker() -> String {
     " [interrupted by user]".into()
 }
 
-fn default_vendor() -> String {
-    "openai".into()
-}
 fn default_models() -> Vec<String> {
     vec!["*".into()]
 }
@@ -474,7 +492,7 @@ fn default_read_timeout() -> u64 {
 
 impl UpstreamConfig {
     pub fn is_custom(&self) -> bool {
-        self.vendor == "custom"
+        self.vendor == Vendor::Custom
     }
 
     /// Whether `base_url` names a built-in mock (valid or not).
@@ -771,7 +789,7 @@ mod tests {
         assert_eq!(c.history.max_messages, 1000);
         assert_eq!(c.history.window_tokens, 0);
         assert_eq!(c.session.header, "x-session-id");
-        assert_eq!(c.upstreams[0].vendor, "openai");
+        assert_eq!(c.upstreams[0].vendor, Vendor::Openai);
         assert_eq!(c.upstreams[0].models, vec!["*"]);
         assert!(c.upstreams[0].interruptable);
     }
@@ -834,6 +852,20 @@ mod tests {
         assert!(e.contains("server.worker_threads"), "{e}");
         let one = parse(&format!("[server]\nworker_threads = 1\n{UPSTREAM}")).unwrap();
         assert_eq!(one.server.worker_threads, 1);
+    }
+
+    #[test]
+    fn a_vendor_mode_recall_does_not_know_is_an_error_not_openai() {
+        let upstream = |vendor: &str| {
+            format!(
+                "[[upstreams]]\nname = \"a\"\nbase_url = \"http://x/v1\"\nvendor = \"{vendor}\"\n"
+            )
+        };
+        let e = parse(&upstream("Custom")).unwrap_err().to_string();
+        assert!(e.contains("vendor") && e.contains("Custom"), "{e}");
+        assert!(e.contains("openai") && e.contains("custom"), "{e}");
+        assert!(parse(&upstream("custom")).unwrap().upstreams[0].is_custom());
+        assert!(!parse(&upstream("openai")).unwrap().upstreams[0].is_custom());
     }
 
     #[test]

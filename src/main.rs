@@ -79,7 +79,7 @@ fn config_summary(app: &recall::App) -> Vec<String> {
             let mut line = format!(
                 "{} [{}] {} -> {}",
                 c.name,
-                c.vendor,
+                c.vendor.as_str(),
                 c.models.join(","),
                 c.base_url
             );

@@ -16,6 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::reconcile::Rewrite;
 use crate::window::{TrimReason, TrimScope};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,6 +81,14 @@ pub enum Cause {
 }
 
 impl Cause {
+    pub const ALL: [Cause; 5] = [
+        Cause::NewRequest,
+        Cause::Endpoint,
+        Cause::ClientGone,
+        Cause::Replica,
+        Cause::Shutdown,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Cause::NewRequest => "new_request",
@@ -225,6 +234,43 @@ impl Default for Metrics {
             "Time to make one batch of changes durable (one group commit)",
             storage_write_seconds.clone(),
         );
+        // Families with known label sets start at 0, so that a dashboard's
+        // `rate()` has a series before the first event.
+        use TrimReason as R;
+        for (scope, reasons) in [
+            (
+                TrimScope::Window,
+                &[R::MaxMessages, R::MaxChars, R::MaxTokens][..],
+            ),
+            (TrimScope::History, &[R::MaxMessages, R::MaxBytes][..]),
+        ] {
+            for &reason in reasons {
+                trimmed.get_or_create(&trim_labels(scope, reason)).inc_by(0);
+            }
+        }
+        for cause in Cause::ALL {
+            interruptions
+                .get_or_create(&CauseLabels {
+                    cause: cause.label(),
+                })
+                .inc_by(0);
+        }
+        for reason in Rewrite::ALL {
+            rewritten
+                .get_or_create(&ReasonLabels {
+                    reason: reason.label(),
+                })
+                .inc_by(0);
+        }
+        for (family, outcomes) in [
+            (&drains, &["complete", "incomplete", "yielded"][..]),
+            (&cache, &["hit", "miss"][..]),
+            (&webhook, &["delivered", "failed"][..]),
+        ] {
+            for &outcome in outcomes {
+                family.get_or_create(&OutcomeLabels { outcome }).inc_by(0);
+            }
+        }
         Self {
             registry,
             requests,
@@ -248,6 +294,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The configured upstreams' error counters, at 0 until their first error.
+    pub fn preset_upstreams<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        for upstream in names {
+            self.upstream_errors
+                .get_or_create(&UpstreamLabels {
+                    upstream: upstream.to_owned(),
+                })
+                .inc_by(0);
+        }
+    }
+
     /// The text exposition, with the session gauges set from `sessions`
     /// and `messages` first.
     pub fn render(&self, sessions: usize, messages: usize) -> String {

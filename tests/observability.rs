@@ -35,6 +35,30 @@ fn sample(text: &str, series: &str) -> f64 {
 }
 
 #[tokio::test]
+async fn metric_families_with_known_labels_are_there_at_zero_before_any_event() {
+    let h = Harness::default().await;
+    let text = metrics(&h).await;
+    for series in [
+        "recall_interruptions_total{cause=\"new_request\"}",
+        "recall_interruptions_total{cause=\"shutdown\"}",
+        "recall_trimmed_messages_total{scope=\"window\",reason=\"max_tokens\"}",
+        "recall_trimmed_messages_total{scope=\"history\",reason=\"max_bytes\"}",
+        "recall_superseded_messages_total{reason=\"regenerate\"}",
+        "recall_drains_total{outcome=\"yielded\"}",
+        "recall_cache_lookups_total{outcome=\"hit\"}",
+        "recall_webhook_deliveries_total{outcome=\"failed\"}",
+        "recall_upstream_errors_total{upstream=\"mock\"}",
+    ] {
+        assert_eq!(sample(&text, series), 0.0, "{series}");
+    }
+    // Only the pairs that can happen: a window is never cut for bytes.
+    assert!(
+        !text.contains("scope=\"window\",reason=\"max_bytes\""),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn metrics_count_requests_interruptions_sessions_and_the_proxys_own_time() {
     let h = Harness::default().await;
     h.upstream.push(completion("one"));

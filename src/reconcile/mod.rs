@@ -48,6 +48,8 @@ pub enum Rewrite {
 }
 
 impl Rewrite {
+    pub const ALL: [Rewrite; 3] = [Rewrite::Regenerate, Rewrite::Edit, Rewrite::Retry];
+
     pub fn label(self) -> &'static str {
         match self {
             Rewrite::Regenerate => "regenerate",
