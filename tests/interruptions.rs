@@ -5,12 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::*;
-use futures_util::{Stream, StreamExt};
 use serde_json::{json, Value};
-
-type ByteStream = std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
 const JOKE: [&str; 4] = [
     "Why did ",
@@ -19,59 +15,6 @@ const JOKE: [&str; 4] = [
     "He was outstanding.",
 ];
 const JOKE_TEXT: &str = "Why did the scarecrow win an award? He was outstanding.";
-
-/// Starts a streaming request and reads until `until` has arrived; returns
-/// the rest of the stream and what was read.
-async fn stream_until(h: &Harness, session: &str, text: &str, until: &str) -> (ByteStream, String) {
-    let resp = h
-        .post_chat(
-            session,
-            json!({"model": "m", "stream": true, "messages": [user(text)]}),
-        )
-        .await;
-    assert_eq!(resp.status(), 200);
-    let mut stream: ByteStream = Box::pin(resp.bytes_stream());
-    let mut seen = String::new();
-    while !seen.contains(until) {
-        let chunk = stream.next().await.expect("stream ended early").unwrap();
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
-    (stream, seen)
-}
-
-async fn read_rest(mut stream: ByteStream) -> String {
-    let mut out = String::new();
-    while let Some(Ok(chunk)) = stream.next().await {
-        out.push_str(&String::from_utf8_lossy(&chunk));
-    }
-    out
-}
-
-/// Polls the history until `pred` holds for the message at `index`.
-async fn wait_for(
-    h: &Harness,
-    session: &str,
-    index: usize,
-    within: Duration,
-    pred: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let (status, hist) = h.history(session).await;
-        if status == 200 {
-            if let Some(m) = hist["contents"].get(index) {
-                if pred(m) {
-                    return m.clone();
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting on {session}[{index}]: {hist}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn interrupted(m: &Value) -> bool {
     m["metadata"]["interrupted"] == true

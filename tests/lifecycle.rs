@@ -335,8 +335,7 @@ async fn a_regenerate_is_reported_and_the_ended_session_delivers_what_it_superse
     assert_eq!(sent.len(), 4, "{openai}");
     assert!(sent.iter().all(|m| m["content"] != "reply 2"), "{openai}");
     assert_eq!(h.transcript("rw").await.len(), 4);
-    let metrics = h.client.get(format!("{}/metrics", h.url)).send().await;
-    let metrics = metrics.unwrap().text().await.unwrap();
+    let metrics = h.metrics().await;
     assert!(
         metrics.contains("superseded_messages_total{reason=\"regenerate\"} 1"),
         "{metrics}"

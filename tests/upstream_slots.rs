@@ -8,53 +8,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::*;
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
-
-type ByteStream = std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
 /// A reply that takes `n * gap` to stream whole.
 fn long_reply(n: usize, gap: Duration) -> Reply {
     let mut pieces = vec!["Once upon a time"];
     pieces.extend(std::iter::repeat_n(" and then", n));
     sse_text(&pieces, gap)
-}
-
-async fn stream_until(h: &Harness, session: &str, text: &str, until: &str) -> ByteStream {
-    let resp = h
-        .post_chat(
-            session,
-            json!({"model": "m", "stream": true, "messages": [user(text)]}),
-        )
-        .await;
-    assert_eq!(resp.status(), 200);
-    let mut stream: ByteStream = Box::pin(resp.bytes_stream());
-    let mut seen = String::new();
-    while !seen.contains(until) {
-        let chunk = stream.next().await.expect("stream ended early").unwrap();
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
-    stream
-}
-
-/// Polls the history until `pred` holds for the message at `index`.
-async fn wait_for(
-    h: &Harness,
-    session: &str,
-    index: usize,
-    pred: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, hist) = h.history(session).await;
-        if let Some(m) = hist["contents"].get(index).filter(|m| pred(m)) {
-            return m.clone();
-        }
-        assert!(Instant::now() < deadline, "{session}[{index}]: {hist}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The drain ended: it read the whole reply, or it gave up and said why.
@@ -74,7 +36,9 @@ async fn a_barge_in_takes_the_only_slot_from_the_drain_of_the_reply_it_cut() {
     h.upstream.serve_one_at_a_time();
     h.upstream.push(long_reply(300, Duration::from_millis(20)));
     h.upstream.push(completion("Sure, what about?"));
-    let a = stream_until(&h, "voice", "tell me a story", "Once upon").await;
+    let a = stream_until(&h, "voice", "tell me a story", "Once upon")
+        .await
+        .0;
 
     let sent = Instant::now();
     let (status, body) = h
@@ -96,7 +60,7 @@ async fn a_barge_in_takes_the_only_slot_from_the_drain_of_the_reply_it_cut() {
         "the barge-in waited {waited:?}"
     );
 
-    let record = wait_for(&h, "voice", 1, drain_over).await;
+    let record = wait_for(&h, "voice", 1, Duration::from_secs(10), drain_over).await;
     assert_eq!(record["metadata"]["interrupted"], true);
     assert_eq!(record["metadata"]["cut_by"], "new_request");
     assert_eq!(record["metadata"]["original_complete"], false);
@@ -114,13 +78,7 @@ async fn a_barge_in_takes_the_only_slot_from_the_drain_of_the_reply_it_cut() {
         "{:?}",
         h.transcript("voice").await
     );
-    let metrics = h
-        .client
-        .get(format!("{}/metrics", h.url))
-        .send()
-        .await
-        .unwrap();
-    let metrics = metrics.text().await.unwrap();
+    let metrics = h.metrics().await;
     assert!(
         metrics.contains("drains_total{outcome=\"yielded\"} 1"),
         "{metrics}"
@@ -137,9 +95,11 @@ async fn a_drain_nobody_waits_for_keeps_its_slot_and_records_the_whole_original(
     .await;
     h.upstream.serve_one_at_a_time();
     h.upstream.push(long_reply(20, Duration::from_millis(10)));
-    let a = stream_until(&h, "alone", "tell me a story", "Once upon").await;
+    let a = stream_until(&h, "alone", "tell me a story", "Once upon")
+        .await
+        .0;
     drop(a);
-    let record = wait_for(&h, "alone", 1, drain_over).await;
+    let record = wait_for(&h, "alone", 1, Duration::from_secs(10), drain_over).await;
     assert_eq!(record["metadata"]["original_complete"], true);
     assert!(record["metadata"]["error"].is_null(), "{record}");
     assert_eq!(h.upstream.streams_cut(), 0);
@@ -195,7 +155,9 @@ async fn live_requests_past_the_limit_wait_in_order_and_each_is_answered() {
 async fn a_request_that_finds_no_slot_within_its_timeout_gets_a_503_that_says_so() {
     let h = Harness::start("", "max_concurrent = 1\ntimeout_secs = 1\n").await;
     h.upstream.push(long_reply(10, Duration::from_millis(300)));
-    let a = stream_until(&h, "first", "tell me a story", "Once upon").await;
+    let a = stream_until(&h, "first", "tell me a story", "Once upon")
+        .await
+        .0;
     let (status, body) = h
         .chat(
             Some("second"),
@@ -222,7 +184,9 @@ async fn a_request_barged_in_while_it_waits_for_a_slot_is_never_sent() {
     let h = Harness::start("", "max_concurrent = 1\n").await;
     h.upstream.push(long_reply(20, Duration::from_millis(30)));
     h.upstream.push(completion("Sure."));
-    let mut first = stream_until(&h, "other", "tell me a story", "Once upon").await;
+    let mut first = stream_until(&h, "other", "tell me a story", "Once upon")
+        .await
+        .0;
     let reader = tokio::spawn(async move { while first.next().await.is_some() {} });
 
     // B waits for the slot; the user talks over it before it was sent.
@@ -278,7 +242,9 @@ async fn a_full_upstream_hands_the_request_to_its_fallback() {
     let h = Harness::with_config(&toml, upstream).await;
     h.upstream.push(long_reply(10, Duration::from_millis(300)));
     h.upstream.push(completion("From the backup."));
-    let a = stream_until(&h, "first", "tell me a story", "Once upon").await;
+    let a = stream_until(&h, "first", "tell me a story", "Once upon")
+        .await
+        .0;
     let (status, body) = h
         .chat(
             Some("second"),

@@ -414,6 +414,12 @@ impl Harness {
         Self::start("", "").await
     }
 
+    /// What `GET /metrics` renders.
+    pub async fn metrics(&self) -> String {
+        let resp = self.client.get(format!("{}/metrics", self.url)).send();
+        resp.await.unwrap().text().await.unwrap()
+    }
+
     /// POSTs a chat completion for `session` (header form) and returns the
     /// status and the parsed body.
     pub async fn chat(&self, session: Option<&str>, body: Value) -> (u16, Value) {
@@ -606,5 +612,70 @@ impl Harness {
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
+    }
+}
+
+/// A streamed response body as the tests read it.
+pub type ByteStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+
+/// Starts a streaming request and reads until `until` has arrived; returns
+/// the rest of the stream and what was read.
+pub async fn stream_until(
+    h: &Harness,
+    session: &str,
+    text: &str,
+    until: &str,
+) -> (ByteStream, String) {
+    let resp = h
+        .post_chat(
+            session,
+            json!({"model": "m", "stream": true, "messages": [user(text)]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut stream: ByteStream = Box::pin(resp.bytes_stream());
+    let mut seen = String::new();
+    while !seen.contains(until) {
+        let chunk = futures_util::StreamExt::next(&mut stream)
+            .await
+            .expect("stream ended early")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    (stream, seen)
+}
+
+pub async fn read_rest(mut stream: ByteStream) -> String {
+    let mut out = String::new();
+    while let Some(Ok(chunk)) = futures_util::StreamExt::next(&mut stream).await {
+        out.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    out
+}
+
+/// Polls the history until `pred` holds for the message at `index`.
+pub async fn wait_for(
+    h: &Harness,
+    session: &str,
+    index: usize,
+    within: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let (status, hist) = h.history(session).await;
+        if status == 200 {
+            if let Some(m) = hist["contents"].get(index) {
+                if pred(m) {
+                    return m.clone();
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting on {session}[{index}]: {hist}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

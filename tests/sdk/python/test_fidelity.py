@@ -19,7 +19,16 @@ import pytest
 from openai import OpenAI
 
 from launch import SYSTEM_MESSAGE, http
-from test_openai_sdk import API_KEY, LLMOCK_PREFIX, MODEL, WEATHER_TOOL, client, collect_tool_calls, transcript
+from test_openai_sdk import (
+    API_KEY,
+    LLMOCK_PREFIX,
+    MODEL,
+    WEATHER_TOOL,
+    client,
+    collect_tool_calls,
+    complete,
+    transcript,
+)
 
 
 def history(stack, sid: str, *, superseded: bool = False) -> list[dict]:
@@ -31,23 +40,6 @@ def history(stack, sid: str, *, superseded: bool = False) -> list[dict]:
 
 def is_superseded(m: dict) -> bool:
     return (m.get("metadata") or {}).get("superseded") is True
-
-
-def complete(c: OpenAI, messages: list[dict], *, stream: bool, **extra) -> str:
-    """Sends `messages` as they are and returns the reply's text."""
-    if not stream:
-        r = c.chat.completions.create(model=MODEL, messages=messages, **extra)
-        assert r.choices[0].finish_reason == "stop"
-        return r.choices[0].message.content
-    parts, finishes = [], []
-    with c.chat.completions.create(model=MODEL, messages=messages, stream=True, **extra) as s:
-        for chunk in s:
-            for choice in chunk.choices:
-                parts.append(choice.delta.content or "")
-                if choice.finish_reason:
-                    finishes.append(choice.finish_reason)
-    assert finishes == ["stop"], finishes
-    return "".join(parts)
 
 
 def user(text: str) -> dict:

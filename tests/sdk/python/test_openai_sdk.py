@@ -48,9 +48,13 @@ def client(stack, *, header=None, path=None, max_retries=0) -> OpenAI:
 
 
 def say(c: OpenAI, text: str, *, stream: bool, **extra) -> str:
-    """Sends one user message and returns the reply's text, checking the
-    response's shape on the way (chunks, finish reason)."""
-    messages = [{"role": "user", "content": text}]
+    """Sends one user message and returns the reply's text."""
+    return complete(c, [{"role": "user", "content": text}], stream=stream, **extra)
+
+
+def complete(c: OpenAI, messages: list[dict], *, stream: bool, **extra) -> str:
+    """Sends `messages` as they are and returns the reply's text, checking
+    the response's shape on the way (chunks, finish reason)."""
     if not stream:
         r = c.chat.completions.create(model=MODEL, messages=messages, **extra)
         assert r.object == "chat.completion"
