@@ -108,6 +108,14 @@ pub enum ApiError {
     Overloaded { limit: usize },
 }
 
+impl UpstreamError {
+    /// Whether this is the upstream failing, for its error count: a full
+    /// gate (`Busy`) is recall's own limit.
+    pub fn is_the_upstreams(&self) -> bool {
+        !matches!(self, UpstreamError::Busy { .. })
+    }
+}
+
 impl ApiError {
     fn parts(
         &self,

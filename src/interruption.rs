@@ -192,6 +192,10 @@ pub fn render<'a>(
     if m.role != "assistant" || !is_interrupted(m) {
         return Some(Cow::Borrowed(m));
     }
+    if mode == InterruptedRendering::Truncated && m.content_str().is_some_and(|t| !t.is_empty()) {
+        // Shown as stored: no copy, and its cached token count stays.
+        return Some(Cow::Borrowed(m));
+    }
     let mut out = m.clone();
     let stored = m.content_str().unwrap_or_default();
     let text = match mode {

@@ -29,6 +29,15 @@ pub struct VendorRules {
 }
 
 impl VendorRules {
+    /// Whether `render::outbound` gives both the same messages (it reads
+    /// only these fields).
+    pub fn renders_like(&self, other: &VendorRules) -> bool {
+        self.custom == other.custom
+            && self.interrupted == other.interrupted
+            && self.interrupted_marker == other.interrupted_marker
+            && self.roles == other.roles
+    }
+
     pub fn from_config(u: &UpstreamConfig) -> Self {
         Self {
             custom: u.is_custom(),

@@ -161,7 +161,14 @@ pub fn reconcile<H: Borrow<Message>>(
             shortened: found.shortened,
         };
     }
-    diverge(history, incoming, hints.front_dropped).unwrap_or_else(|| Reconciled::append(0))
+    // Divergence needs evidence: a user message and the reply after it.
+    let evidence = incoming
+        .windows(2)
+        .any(|w| w[0].role == "user" && w[1].role == "assistant");
+    evidence
+        .then(|| diverge(history, incoming, hints.front_dropped))
+        .flatten()
+        .unwrap_or_else(|| Reconciled::append(0))
 }
 
 /// The messages of `incoming` that are new to `history`.
@@ -178,6 +185,10 @@ fn retry<H: Borrow<Message>>(
     hints: Hints,
 ) -> Option<Reconciled> {
     let start = reply_start(history);
+    if start == history.len() {
+        // Nothing follows the client's last message: nothing to run again.
+        return None;
+    }
     let mut reply = visible(&history[start..]).filter(|m| !from_the_session_api(m));
     let missed = reply.all(undelivered);
     if incoming.is_empty() || !(missed || hints.retry) {

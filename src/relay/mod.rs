@@ -191,7 +191,7 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
         if retry {
             tracing::warn!(upstream = %ex.upstream.name, fallback = %fallback.name,
                 "upstream failed before answering; trying its fallback");
-            if !matches!(outcome, Some(Err(UpstreamError::Busy { .. }))) {
+            if !matches!(&outcome, Some(Err(e)) if !e.is_the_upstreams()) {
                 ex.metrics.upstream_error(&ex.upstream.name);
             }
             // The failed answer's connection closes before its slot passes on.
@@ -206,8 +206,7 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
         None => return watch.stopped(),
         Some(Err(e)) => {
             tracing::warn!(upstream = %ex.upstream.name, error = %e, "upstream call failed");
-            // A full gate is recall's own limit, not the upstream failing.
-            if !matches!(e, UpstreamError::Busy { .. }) {
+            if e.is_the_upstreams() {
                 ex.metrics.upstream_error(&ex.upstream.name);
             }
             ex.flight.failed(&e.to_string());

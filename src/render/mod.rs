@@ -335,6 +335,12 @@ impl<H: Stored> Units<'_, H> {
             let empty = m.role == "assistant" && m.content.is_null() && !legacy_call(&m);
             return (!empty).then_some(m);
         }
+        let all_answered = m
+            .tool_call_ids()
+            .all(|id| id.is_some_and(|id| answered.contains(&id)));
+        if all_answered {
+            return Some(m);
+        }
         let calls = m.tool_calls().cloned().unwrap_or_default();
         let kept: Vec<Value> = calls
             .into_iter()

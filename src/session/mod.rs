@@ -526,8 +526,10 @@ impl Session {
             }
         }
         st.window_from = from;
+        // Rendered again only if the fallback sees messages differently.
         let fallback_window = req
             .fallback_rules
+            .filter(|rules| !rules.renders_like(req.rules))
             .map(|rules| render::outbound(&st.messages, rules, limits).messages);
         Prepared {
             turn_id: st.turn_id,
