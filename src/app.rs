@@ -80,6 +80,7 @@ impl App {
             metrics: Arc::clone(&metrics),
             notifier: Arc::clone(&notifier),
             storage,
+            clock: crate::clock::Clock::System,
         });
         let admin_token = config
             .admin
@@ -111,8 +112,8 @@ impl App {
         let weak = Arc::downgrade(&app);
         app.policy.storage.on_interrupt(Box::new(move |id| {
             if let Some(app) = weak.upgrade() {
-                if let Some(flight) = app.sessions.get(id).and_then(|s| s.in_flight()) {
-                    flight.interrupt(None, Cause::Replica);
+                if let Some(session) = app.sessions.get(id) {
+                    session.cut_in_flight(&app.policy, Cause::Replica);
                 }
             }
         }));
@@ -226,8 +227,7 @@ impl App {
         self.sessions
             .all()
             .iter()
-            .filter_map(|s| s.in_flight())
-            .filter(|f| f.interrupt(None, Cause::Shutdown).is_some())
+            .filter(|s| s.cut_in_flight(&self.policy, Cause::Shutdown))
             .count()
     }
 

@@ -1,16 +1,20 @@
-//! A reply in flight, and everything that can end it.
+//! A reply in flight, as a state machine: what has been relayed and
+//! received, and what each thing that can happen to it means for its
+//! record.
 //!
 //! Several parties may settle a reply, and the first one wins: the response
 //! body when its last event has gone out (complete), the body's drop guard
 //! when the client goes away, a newer request of the same session
 //! (barge-in), the interrupt endpoint, and the exchange or the response
-//! body when the upstream fails. Settling writes the record at once and
-//! frees the session's turn. The upstream may still be drained after that;
-//! the exchange's task then updates `original` on the record it finds by
-//! sequence number.
+//! body when the upstream fails. The upstream may still be drained after
+//! that, which changes the record's `original`.
 //!
-//! Lock order: a stream's reader slot (`relay::stream`), then this reply's
-//! `progress` lock, then the session's state lock.
+//! `InFlight::settle` takes what happened and returns what to write, a
+//! `Record`; it never writes anything itself and holds no pointer to the
+//! session. The session calls it under its own lock and applies the record
+//! there (`Session::settle_reply`), so the record's place in the history
+//! (`Ctx::next_seq`) and the turn's end are decided in one critical
+//! section. This reply's own lock is a leaf: nothing else is locked under it.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -19,25 +23,10 @@ use crate::cut::{Cut, CutWait};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::metrics::Cause;
-use crate::session::{Policy, Session};
-use crate::storage::{Claim, Ticket};
+use crate::storage::Ticket;
 use crate::turns;
 
-/// Writes a reply's record into its session.
-pub struct Recorder {
-    session: Arc<Session>,
-    policy: Arc<Policy>,
-}
-
-impl Recorder {
-    pub fn new(session: Arc<Session>, policy: Arc<Policy>) -> Self {
-        Self { session, policy }
-    }
-}
-
 pub struct InFlight {
-    /// `None` for a stateless request: nothing is recorded.
-    recorder: Option<Recorder>,
     turn_id: u64,
     /// Cut when the client no longer receives this reply: it went away, or
     /// the reply was interrupted. The response body ends; the exchange's
@@ -48,9 +37,6 @@ pub struct InFlight {
 
 #[derive(Default)]
 struct Progress {
-    /// The session's lease with shared storage, given up once the record
-    /// is written.
-    claim: Option<Claim>,
     /// What was handed to the client's connection.
     relayed: ReplyAccumulator,
     /// What the upstream sent, once it differs from `relayed` (after a
@@ -92,29 +78,135 @@ enum Outcome {
     #[default]
     Open,
     Complete,
-    /// Recorded as interrupted; `seq` finds the record for later updates.
+    /// Recorded as interrupted at `seq`, where later updates find it.
     Interrupted {
-        seq: Option<u64>,
+        seq: u64,
     },
     Failed,
 }
 
+/// Something that happened to the reply.
+#[derive(Debug)]
+pub enum Happened<'a> {
+    /// The response body is about to release the reply's end (`[DONE]`,
+    /// or the end of the stream).
+    Delivered,
+    /// The client no longer receives the reply: it left, a newer request
+    /// barged in, the interrupt endpoint, another replica, a shutdown.
+    /// `spoken` is what the user heard, when the agent says.
+    Cut {
+        spoken: Option<&'a Spoken>,
+        cause: Cause,
+    },
+    /// A newer request under the reject policy: the reply is settled only
+    /// if its last event already went out.
+    Rejecting,
+    /// A non-streaming reply arrived whole.
+    Whole {
+        reply: Message,
+        finish_reason: Option<String>,
+    },
+    /// The stream broke off or ended early.
+    Broke(&'a str),
+    /// No reply came: an error status, a connection error, a timeout.
+    /// `failure_message` is the configured text recorded in its place.
+    Failed {
+        error: &'a str,
+        failure_message: Option<&'a str>,
+    },
+    /// The drain after a cut is over: whether the upstream reached the end
+    /// of its reply, and whether it stopped early for a live request that
+    /// needed its upstream slot (`max_concurrent`).
+    Drained { complete: bool, yielded: bool },
+}
+
+/// Where the record goes, as the session knows it when it settles.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    /// The sequence number a reply pushed now gets.
+    pub next_seq: u64,
+    pub now_ms: i64,
+}
+
+/// What the session writes for what happened.
+pub enum Record {
+    /// Nothing to write, and nothing to wait for.
+    Nothing,
+    /// Nothing to write; the reply's end waits for this (its record was
+    /// written by someone else).
+    Wait(Ticket),
+    /// The reply is settled: its record (if any) is pushed at
+    /// `Ctx::next_seq`, and the turn is free.
+    Settle(Settle),
+    /// A change to the record written before at `seq`.
+    Update {
+        seq: u64,
+        change: Change,
+        /// Set when a drain ended: whether it read the whole reply, and
+        /// whether it yielded (for the drain metric).
+        drained: Option<(bool, bool)>,
+    },
+}
+
+pub struct Settle {
+    /// The record, stamped with the turn's id and the answer's start.
+    pub reply: Option<Message>,
+    pub kind: Settled,
+    /// Set when the reply is complete and something waits for it.
+    pub on_complete: Option<(OnComplete, Option<String>)>,
+    /// The turn's own messages: the record is durable only after them.
+    pub opening: Ticket,
+    /// The reply's end (the body's `Delivered`) waits for this record,
+    /// not the caller: the session hands the ticket back (`end_waits_for`).
+    pub end_waits: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    Complete,
+    Interrupted(Cause),
+    /// Cut off by the upstream (a broken stream).
+    Broken,
+    Failed,
+}
+
+/// A change to an interrupted reply's record.
+#[derive(Debug)]
+pub enum Change {
+    /// What the upstream sent in all (the drain read on, or broke).
+    Original {
+        full: Message,
+        complete: bool,
+        error: Option<String>,
+    },
+    Error(String),
+}
+
+impl Change {
+    pub fn apply(self, m: &mut Message) {
+        match self {
+            Change::Original {
+                full,
+                complete,
+                error,
+            } => {
+                interruption::set_original(m, &full, complete);
+                if let (Some(error), false) = (error, complete) {
+                    interruption::set_error(m, &error);
+                }
+            }
+            Change::Error(error) => interruption::set_error(m, &error),
+        }
+    }
+}
+
 impl InFlight {
-    pub fn new(recorder: Option<Recorder>, turn_id: u64) -> Self {
+    pub fn new(turn_id: u64) -> Self {
         Self {
-            recorder,
             turn_id,
             cut: Arc::default(),
             progress: Mutex::default(),
         }
-    }
-
-    pub fn stateless() -> Self {
-        Self::new(None, 0)
-    }
-
-    pub fn records(&self) -> bool {
-        self.recorder.is_some()
     }
 
     /// The client no longer receives this reply.
@@ -145,16 +237,6 @@ impl InFlight {
     /// (the answer cache stores it).
     pub fn on_complete(&self, f: OnComplete) {
         self.progress().on_complete = Some(f);
-    }
-
-    /// Holds the session's claim until the reply is recorded.
-    pub fn hold(&self, claim: Claim) {
-        let mut p = self.progress();
-        if p.outcome == Outcome::Open {
-            p.claim = Some(claim);
-        } else if let Some(r) = &self.recorder {
-            let _ = r.policy.storage.release(claim);
-        }
     }
 
     /// The ticket of the messages that opened this turn.
@@ -191,219 +273,193 @@ impl InFlight {
         }
     }
 
-    /// The response body is about to release the reply's end (`[DONE]`,
-    /// or the end of the stream): the reply is complete. The ticket says
-    /// when its record is durable; the end waits for it.
-    pub fn delivered(&self) -> Ticket {
+    /// The ticket of a record written for the body's end by someone else.
+    pub fn end_waits_for(&self, ticket: Ticket) {
+        self.progress().end_durable = Some(ticket);
+    }
+
+    /// Whether the reply is settled (its record decided).
+    pub fn is_settled(&self) -> bool {
+        self.progress().outcome != Outcome::Open
+    }
+
+    /// What `happened` means for the record. Only the session calls this
+    /// (under its lock, so that `ctx` holds until the record is applied),
+    /// or the relay for a stateless request, which records nothing.
+    pub fn settle(&self, happened: Happened<'_>, ctx: Ctx) -> Record {
         let mut p = self.progress();
-        if p.outcome != Outcome::Open {
-            return p.end_durable.take().unwrap_or_default();
+        let record = match happened {
+            Happened::Delivered => match p.outcome {
+                Outcome::Open => self.complete(&mut p, None, false, ctx),
+                _ => p.end_durable.take().map_or(Record::Nothing, Record::Wait),
+            },
+            Happened::Cut { spoken, cause } => self.cut_off(&mut p, spoken, cause, ctx),
+            Happened::Rejecting => match p.outcome {
+                Outcome::Open if p.relayed.is_complete() => self.complete(&mut p, None, true, ctx),
+                _ => Record::Nothing,
+            },
+            Happened::Whole {
+                reply,
+                finish_reason,
+            } => {
+                p.finish_reason = finish_reason;
+                match p.outcome {
+                    Outcome::Open => self.complete(&mut p, Some(reply), false, ctx),
+                    Outcome::Interrupted { seq } => Record::Update {
+                        seq,
+                        change: Change::Original {
+                            full: reply,
+                            complete: true,
+                            error: None,
+                        },
+                        drained: None,
+                    },
+                    _ => Record::Nothing,
+                }
+            }
+            Happened::Broke(error) => self.broke(&mut p, error, ctx),
+            Happened::Failed {
+                error,
+                failure_message,
+            } => match p.outcome {
+                Outcome::Open => {
+                    let reply =
+                        failure_message.map(|text| interruption::failure_reply(text, error));
+                    self.settled(&mut p, reply, Settled::Failed, ctx)
+                }
+                Outcome::Interrupted { seq } => Record::Update {
+                    seq,
+                    change: Change::Error(error.to_owned()),
+                    drained: None,
+                },
+                _ => Record::Nothing,
+            },
+            Happened::Drained { complete, yielded } => match p.outcome {
+                Outcome::Interrupted { seq } => {
+                    let complete = complete || p.received().is_complete();
+                    Record::Update {
+                        seq,
+                        change: Change::Original {
+                            full: p.received().to_message(),
+                            complete,
+                            error: yielded.then(|| interruption::DRAIN_YIELDED.to_owned()),
+                        },
+                        drained: Some((complete, yielded)),
+                    }
+                }
+                _ => Record::Nothing,
+            },
+        };
+        drop(p);
+        if matches!(
+            &record,
+            Record::Settle(Settle {
+                kind: Settled::Interrupted(_),
+                ..
+            })
+        ) {
+            // Once the record is decided. Whoever acts on the cut (a drain,
+            // the client's next turn) goes through the session, whose lock
+            // the caller holds until the record is applied.
+            self.cut.cut();
         }
-        let reply = p.relayed.to_message();
-        self.record(&mut p, Some(reply), Outcome::Complete).1
+        record
     }
 
-    /// Records a reply whose last event went out as complete, for the
-    /// body's `delivered` to wait on.
-    fn record_delivered(&self, p: &mut Progress) {
-        let reply = p.relayed.to_message();
-        let (_, ticket) = self.record(p, Some(reply), Outcome::Complete);
-        p.end_durable = Some(ticket);
-    }
-
-    /// The client went away (its body or its request was dropped).
-    pub fn client_gone(&self) {
-        self.interrupt(None, Cause::ClientGone);
-    }
-
-    /// Cuts the reply off for the client and records it as interrupted,
-    /// with `spoken` as its content when given. Returns the record, or
-    /// `None` when the reply was already settled. A reply whose last event
-    /// already went out is complete, not interrupted.
-    pub fn interrupt(&self, spoken: Option<&Spoken>, cause: Cause) -> Option<(Message, Ticket)> {
-        let mut p = self.progress();
+    /// A cut: recorded as interrupted with what went out, or as complete
+    /// if its last event already went out.
+    fn cut_off(&self, p: &mut Progress, spoken: Option<&Spoken>, cause: Cause, ctx: Ctx) -> Record {
         if p.outcome != Outcome::Open {
-            return None;
+            return Record::Nothing;
         }
         if p.relayed.is_complete() {
-            self.record_delivered(&mut p);
-            return None;
+            return self.complete(p, None, true, ctx);
         }
         let record = interruption::interrupted_reply(
             p.relayed.to_message(),
             &p.received().to_message(),
             p.received().is_complete(),
-            crate::relay::now_ms(),
+            ctx.now_ms,
             spoken,
             cause.label(),
         );
-        let (seq, ticket) = self.record(
-            &mut p,
-            Some(record.clone()),
-            Outcome::Interrupted { seq: None },
-        );
-        p.outcome = Outcome::Interrupted { seq };
-        if let Some(r) = &self.recorder {
-            r.policy.metrics.interrupted(cause);
-        }
-        // Only now that the record is queued: the client's response ends
-        // on the cut, and a shutdown waiting for it must find the record
-        // ahead of its final flush.
-        self.cut.cut();
-        Some((self.stamped(record, p.started_ms), ticket))
+        self.settled(p, Some(record), Settled::Interrupted(cause), ctx)
     }
 
-    /// For the reject policy: settles the reply as complete if its last
-    /// event already went out. Returns whether it is settled.
-    pub fn settle_if_delivered(&self) -> bool {
-        let mut p = self.progress();
-        match p.outcome {
-            Outcome::Open if p.relayed.is_complete() => {
-                self.record_delivered(&mut p);
-                true
-            }
-            Outcome::Open => false,
-            _ => true,
-        }
-    }
-
-    /// A non-streaming reply arrived whole. The ticket says when its
-    /// record is durable; the body waits for it.
-    pub fn completed_whole(&self, reply: Message, finish_reason: Option<String>) -> Ticket {
-        let mut p = self.progress();
-        p.finish_reason = finish_reason;
-        match p.outcome {
-            Outcome::Open => self.record(&mut p, Some(reply), Outcome::Complete).1,
-            Outcome::Interrupted { seq } => {
-                self.update(seq, |m| interruption::set_original(m, &reply, true))
-            }
-            _ => Ticket::ready(),
-        }
-    }
-
-    /// The stream broke off or ended early. What went out so far is
-    /// recorded like an interruption, with the reason in `metadata.error`.
-    pub fn broke(&self, error: &str) {
-        let mut p = self.progress();
+    fn broke(&self, p: &mut Progress, error: &str, ctx: Ctx) -> Record {
         match p.outcome {
             // The last event went out before the connection failed.
-            Outcome::Open if p.relayed.is_complete() => self.record_delivered(&mut p),
+            Outcome::Open if p.relayed.is_complete() => self.complete(p, None, true, ctx),
             Outcome::Open if p.relayed.is_empty() && p.received().is_empty() => {
-                drop(p);
-                self.failed(error);
+                self.settled(p, None, Settled::Failed, ctx)
             }
             Outcome::Open => {
                 let mut record = interruption::interrupted_reply(
                     p.relayed.to_message(),
                     &p.received().to_message(),
                     false,
-                    crate::relay::now_ms(),
+                    ctx.now_ms,
                     None,
                     interruption::CUT_BY_UPSTREAM,
                 );
                 interruption::set_error(&mut record, error);
-                let (seq, _) =
-                    self.record(&mut p, Some(record), Outcome::Interrupted { seq: None });
-                p.outcome = Outcome::Interrupted { seq };
+                self.settled(p, Some(record), Settled::Broken, ctx)
             }
-            Outcome::Interrupted { seq } => {
-                let full = p.received().to_message();
-                self.update(seq, |m| {
-                    interruption::set_original(m, &full, false);
-                    interruption::set_error(m, error);
-                });
-            }
-            _ => {}
+            Outcome::Interrupted { seq } => Record::Update {
+                seq,
+                change: Change::Original {
+                    full: p.received().to_message(),
+                    complete: false,
+                    error: Some(error.to_owned()),
+                },
+                drained: None,
+            },
+            _ => Record::Nothing,
         }
     }
 
-    /// No reply came: error status, connection error, timeout. The user's
-    /// message stays; a configured failure message is recorded after it.
-    pub fn failed(&self, error: &str) {
-        let mut p = self.progress();
-        match p.outcome {
-            Outcome::Open => {
-                let reply = self.recorder.as_ref().and_then(|r| {
-                    let text = r.policy.history.failure_message.as_deref()?;
-                    Some(interruption::failure_reply(text, error))
-                });
-                self.record(&mut p, reply, Outcome::Failed);
-            }
-            Outcome::Interrupted { seq } => {
-                self.update(seq, |m| interruption::set_error(m, error));
-            }
-            _ => {}
-        }
-    }
-
-    /// The drain after a cut is over: `complete` says whether the upstream
-    /// reached the end of its reply.
-    pub fn drained(&self, complete: bool) {
-        self.drain_over(complete, None);
-    }
-
-    /// The drain was cut short for a live request that needed its
-    /// upstream slot (`max_concurrent`): `original` keeps what was read.
-    pub fn drain_yielded(&self) {
-        self.drain_over(false, Some(interruption::DRAIN_YIELDED));
-    }
-
-    fn drain_over(&self, complete: bool, error: Option<&str>) {
-        let p = self.progress();
-        if let Outcome::Interrupted { seq } = p.outcome {
-            let full = p.received().to_message();
-            let complete = complete || p.received().is_complete();
-            if let Some(r) = &self.recorder {
-                r.policy.metrics.drained(complete, error.is_some());
-            }
-            self.update(seq, |m| {
-                interruption::set_original(m, &full, complete);
-                if let (Some(error), false) = (error, complete) {
-                    interruption::set_error(m, error);
-                }
-            });
-        }
-    }
-
-    fn stamped(&self, mut reply: Message, started_ms: Option<i64>) -> Message {
-        let at = started_ms.unwrap_or_else(crate::relay::now_ms);
-        turns::stamp_reply(&mut reply, self.turn_id, at);
-        reply
-    }
-
-    /// Writes the record and frees the session's turn. Returns the
-    /// record's sequence number, and when it is durable.
-    fn record(
+    /// The reply is complete: `reply` when it came whole, else what was
+    /// relayed. `end_waits` when someone else than the body settles it.
+    fn complete(
         &self,
         p: &mut Progress,
         reply: Option<Message>,
-        outcome: Outcome,
-    ) -> (Option<u64>, Ticket) {
-        p.outcome = outcome;
-        let opening = std::mem::take(&mut p.opening);
-        if let (Outcome::Complete, Some(reply), Some(f)) = (outcome, &reply, p.on_complete.take()) {
-            let reason = p
-                .finish_reason
-                .clone()
-                .or_else(|| p.relayed.finish_reason.clone());
-            f(reply, reason.as_deref());
+        end_waits: bool,
+        ctx: Ctx,
+    ) -> Record {
+        let reply = reply.unwrap_or_else(|| p.relayed.to_message());
+        let reason = p
+            .finish_reason
+            .clone()
+            .or_else(|| p.relayed.finish_reason.clone());
+        let on_complete = p.on_complete.take().map(|f| (f, reason));
+        match self.settled(p, Some(reply), Settled::Complete, ctx) {
+            Record::Settle(mut s) => {
+                s.on_complete = on_complete;
+                s.end_waits = end_waits;
+                Record::Settle(s)
+            }
+            other => other,
         }
-        let Some(recorder) = self.recorder.as_ref() else {
-            return (None, opening);
-        };
-        let reply = reply.map(|r| self.stamped(r, p.started_ms));
-        let (seq, ticket) = recorder.session.finish(self, reply, &recorder.policy);
-        if let Some(claim) = p.claim.take() {
-            // Queued after the record, so the next holder reads it.
-            let _ = recorder.policy.storage.release(claim);
-        }
-        (seq, opening.and(ticket))
     }
 
-    fn update(&self, seq: Option<u64>, change: impl FnOnce(&mut Message)) -> Ticket {
-        match (&self.recorder, seq) {
-            (Some(recorder), Some(seq)) => recorder.session.update(seq, &recorder.policy, change),
-            _ => Ticket::ready(),
-        }
+    fn settled(&self, p: &mut Progress, reply: Option<Message>, kind: Settled, ctx: Ctx) -> Record {
+        p.outcome = match kind {
+            Settled::Complete => Outcome::Complete,
+            Settled::Failed => Outcome::Failed,
+            Settled::Interrupted(_) | Settled::Broken => Outcome::Interrupted { seq: ctx.next_seq },
+        };
+        let at = p.started_ms.unwrap_or(ctx.now_ms);
+        let reply = reply.map(|mut r| {
+            turns::stamp_reply(&mut r, self.turn_id, at);
+            r
+        });
+        Record::Settle(Settle {
+            reply,
+            kind,
+            on_complete: None,
+            opening: std::mem::take(&mut p.opening),
+            end_waits: false,
+        })
     }
 }

@@ -11,6 +11,7 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod cache;
+pub mod clock;
 pub mod config;
 pub mod cut;
 pub mod error;

@@ -9,7 +9,6 @@ use tokio::sync::Notify;
 
 use crate::app::App;
 use crate::config::OnNewRequest;
-use crate::relay::now_ms;
 use crate::session::{EndWhen, Session};
 use crate::storage::StorageError;
 use crate::storage::{Op, Wait};
@@ -46,7 +45,7 @@ async fn end_when(
         // holding it, which then finds it gone if another ended it first.
         let wait = match when {
             EndWhen::Always => {
-                session.settle(OnNewRequest::Interrupt).ok();
+                session.settle(&app.policy, OnNewRequest::Interrupt).ok();
                 Wait::Interrupt
             }
             _ => Wait::No,
@@ -63,7 +62,7 @@ async fn end_when(
             }
         }
     }
-    let ended_at = now_ms();
+    let ended_at = app.policy.clock.now_ms();
     let event_of = |ended: &crate::session::Ended| Event::SessionEnded {
         reason,
         session_id: session.id.clone(),
@@ -110,7 +109,7 @@ pub async fn sweeper(app: Arc<App>, wake: Arc<Notify>) {
             _ = tokio::time::sleep(SWEEP_EVERY) => {}
             _ = wake.notified() => {}
         }
-        if let Err(e) = sweep(&app, now_ms()).await {
+        if let Err(e) = sweep(&app, app.policy.clock.now_ms()).await {
             tracing::warn!(error = %e, "session sweep failed; trying again shortly");
         }
     }

@@ -259,7 +259,7 @@ impl Delivery {
         let kept = match already_kept {
             Some(id) => Some(id),
             None if self.storage.persistent() && matches!(event, Event::SessionEnded { .. }) => {
-                let id = format!("{:x}-{}", crate::relay::now_ms(), event.session_id());
+                let id = format!("{:x}-{}", crate::clock::now_ms(), event.session_id());
                 let op = Op::KeepEvent {
                     id: id.clone(),
                     body: text.clone(),

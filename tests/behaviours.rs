@@ -16,13 +16,13 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use recall::clock::Clock;
 use recall::config::{HistoryConfig, InterruptedRendering, OnNewRequest, Roles};
-use recall::inflight::InFlight;
 use recall::interruption::{is_failure, is_interrupted, is_superseded};
 use recall::message::{Message, Role};
 use recall::metrics::Metrics;
 use recall::render::{check, outbound};
-use recall::session::{Policy, Session, Store, TurnRequest};
+use recall::session::{Policy, Reply, Session, Store, TurnRequest};
 use recall::storage::Storage;
 use recall::tokens::Encoding;
 use recall::vendor::VendorRules;
@@ -121,6 +121,7 @@ impl World {
             metrics: Arc::new(Metrics::default()),
             notifier: Arc::new(LogOnly),
             storage: Arc::new(Storage::Memory),
+            clock: Clock::manual(1),
         });
         let (session, _) = Store::default().get_or_create("s", 0);
         Self {
@@ -158,8 +159,9 @@ impl World {
         sent
     }
 
-    fn begin(&mut self, sent: &[Message], retrying: bool) -> Arc<InFlight> {
+    fn begin(&mut self, sent: &[Message], retrying: bool) -> Reply {
         self.now += 1;
+        self.policy.clock.advance(1);
         let rules = rules(InterruptedRendering::Truncated, Roles::Any, false);
         let turn = TurnRequest {
             incoming: sent,
@@ -177,8 +179,8 @@ impl World {
         }
     }
 
-    fn answer(&mut self, flight: &InFlight, m: Message) {
-        flight.started(self.now);
+    fn answer(&mut self, flight: &Reply, m: Message) {
+        flight.started();
         drop(flight.completed_whole(m, Some("stop".into())));
     }
 

@@ -20,11 +20,10 @@ use crate::app::App;
 use crate::cache;
 use crate::config::OnNewRequest;
 use crate::error::{ApiError, RequestError};
-use crate::inflight::InFlight;
 use crate::message::{parse_messages, Message, Role};
 use crate::reconcile;
-use crate::relay::{self, now_ms, Exchange};
-use crate::session::{self, Refused};
+use crate::relay::{self, Exchange};
+use crate::session::{self, Refused, Reply};
 use crate::storage::Wait;
 use crate::tokens::Encoding;
 use crate::vendor::{self, TurnInfo};
@@ -83,7 +82,7 @@ pub async fn completions(
     if let Some(user) = &user {
         label_user(&mut conversation, user);
     }
-    let now = now_ms();
+    let now = app.policy.clock.now_ms();
 
     let fallback = app.upstreams.fallback_of(&upstream).cloned();
     let prepared = match &session_id {
@@ -108,7 +107,7 @@ pub async fn completions(
         // Stateless: the client manages its own history; send it as is.
         None => (
             session::Prepared::stateless(conversation),
-            Arc::new(InFlight::stateless()),
+            Arc::new(Reply::stateless()),
         ),
     };
     let (
@@ -216,7 +215,7 @@ async fn open_turn(
     app: &App,
     id: &str,
     turn: &session::TurnRequest<'_>,
-) -> Result<(session::Prepared, Arc<InFlight>), ApiError> {
+) -> Result<(session::Prepared, Arc<Reply>), ApiError> {
     let now = turn.now_ms;
     let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
     let storage = &app.policy.storage;
@@ -224,7 +223,7 @@ async fn open_turn(
         let claim = if storage.shared() {
             // This process's own reply first, then the other replicas'.
             if let Some(local) = app.sessions.get(id) {
-                match local.settle(app.policy.on_new_request) {
+                match local.settle(&app.policy, app.policy.on_new_request) {
                     Ok(()) | Err(Refused::Ended) => {}
                     Err(Refused::Busy) => return Err(busy()),
                 }
@@ -244,6 +243,7 @@ async fn open_turn(
         }
         match session.begin(&app.policy, turn) {
             Ok((prepared, flight)) => {
+                let flight = Arc::new(flight);
                 if let Some(claim) = claim {
                     flight.hold(claim);
                 }
@@ -314,7 +314,7 @@ fn bypass_cache(headers: &HeaderMap) -> bool {
 /// Answers from the cache, in the shape the client asked for, and records
 /// the answer like any reply (`metadata.source = "cache"`).
 async fn answer_from_cache(
-    flight: &InFlight,
+    flight: &Reply,
     body: &Map<String, Value>,
     model: &str,
     answer: &str,
@@ -324,7 +324,7 @@ async fn answer_from_cache(
     reply
         .metadata_mut()
         .insert("source", Value::String("cache".into()));
-    flight.started(now);
+    flight.started();
     flight
         .completed_whole(reply, Some("stop".into()))
         .durable()

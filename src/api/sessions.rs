@@ -22,7 +22,6 @@ use crate::error::{ApiError, RequestError};
 use crate::interruption::Spoken;
 use crate::lifecycle;
 use crate::message::{parse_messages, Message};
-use crate::relay::now_ms;
 use crate::session::{Interrupted, Refused, Session, Summary};
 use crate::storage::{Claim, Ticket, Wait};
 use crate::webhook::{EndReason, Event};
@@ -73,7 +72,7 @@ async fn existing_or_new(app: &App, target: &Target) -> Result<Arc<Session>, Api
         .map_err(|m| RequestError::invalid(m, Some("session_id")))?;
     let (session, created) = app
         .sessions
-        .open(&target.id, &app.policy.storage, now_ms())
+        .open(&target.id, &app.policy.storage, app.policy.clock.now_ms())
         .await?;
     if created {
         app.session_created();
@@ -118,7 +117,9 @@ async fn write<T>(
                     Wait::No => OnNewRequest::Reject,
                     _ => OnNewRequest::Interrupt,
                 };
-                local.settle(policy).map_err(|r| refused(target, r))?;
+                local
+                    .settle(&app.policy, policy)
+                    .map_err(|r| refused(target, r))?;
             }
             let busy = || RequestError::Busy {
                 id: target.name.clone(),
@@ -369,7 +370,7 @@ pub async fn replace_history(
     let messages = message_list(body, &["contents", "messages"])?;
     no_instructions(&messages)?;
     let (_, count) = write(&app, &target, true, Turns::Interrupt, |s| {
-        s.replace_history(&app.policy, messages.clone(), now_ms())
+        s.replace_history(&app.policy, messages.clone(), app.policy.clock.now_ms())
     })
     .await?;
     Ok(Json(
@@ -388,7 +389,7 @@ pub async fn append(
     let messages = message_list(body, &["messages"])?;
     no_instructions(&messages)?;
     let (_, stored) = write(&app, &target, true, Turns::AsConfigured, |s| {
-        s.append_messages(&app.policy, messages.clone(), now_ms())
+        s.append_messages(&app.policy, messages.clone(), app.policy.clock.now_ms())
     })
     .await?;
     Ok(Json(json!({"session_id": target.name, "messages": stored})))
@@ -401,7 +402,7 @@ pub async fn clear_history(
     target: Target,
 ) -> Result<Json<Value>, ApiError> {
     let (_, cleared) = write(&app, &target, false, Turns::Interrupt, |s| {
-        s.clear_history(&app.policy, now_ms())
+        s.clear_history(&app.policy, app.policy.clock.now_ms())
     })
     .await?;
     Ok(Json(json!({"session_id": target.name, "deleted": cleared})))
@@ -433,7 +434,8 @@ pub async fn set_system_messages(
         .into());
     }
     let (session, ()) = write(&app, &target, true, Turns::Wait, |s| {
-        let ticket = s.set_system_messages(&app.policy, messages.clone(), now_ms())?;
+        let ticket =
+            s.set_system_messages(&app.policy, messages.clone(), app.policy.clock.now_ms())?;
         Ok(((), ticket))
     })
     .await?;
@@ -534,7 +536,7 @@ pub async fn interrupt(
             return Err(e);
         }
     };
-    let outcome = session.interrupt(&app.policy, spoken.as_ref(), now_ms());
+    let outcome = session.interrupt(&app.policy, spoken.as_ref(), app.policy.clock.now_ms());
     let _ = claim.map(|c| storage.release(c));
     let (was, record, ticket) = match outcome {
         Interrupted::InFlight(m, t) => ("in_flight", m, t),

@@ -32,8 +32,8 @@ use crate::cut::CutWait;
 use crate::error::{ApiError, RequestError, UpstreamError};
 use crate::gate::Slot;
 use crate::idle::BodyError;
-use crate::inflight::InFlight;
 use crate::metrics::Metrics;
+use crate::session::Reply;
 use crate::upstream::{relayed_response_headers, Upstream};
 
 /// The largest non-streaming answer taken from an upstream. A completion
@@ -45,7 +45,7 @@ pub struct Exchange {
     pub upstream: Arc<Upstream>,
     pub client_headers: HeaderMap,
     pub body: Bytes,
-    pub flight: Arc<InFlight>,
+    pub flight: Arc<Reply>,
     pub drain: InterruptionConfig,
     pub metrics: Arc<Metrics>,
     /// When the client's request arrived: the proxy's own time is counted
@@ -162,7 +162,7 @@ impl Drop for Detachable {
 }
 
 /// Settles the reply as interrupted if dropped while armed.
-struct GoneGuard(Option<Arc<InFlight>>);
+struct GoneGuard(Option<Arc<Reply>>);
 
 impl GoneGuard {
     fn disarm(mut self) {
@@ -215,7 +215,7 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
         }
         Some(Ok(resp)) => resp,
     };
-    ex.flight.started(now_ms());
+    ex.flight.started();
     let status = resp.status();
     let headers = relayed_response_headers(resp.headers());
     let is_sse = headers
@@ -346,7 +346,7 @@ fn error_message(body: &[u8]) -> String {
 /// goes on until the drain deadline, or until a live request needs the
 /// upstream slot it holds.
 struct CutWatch {
-    flight: Arc<InFlight>,
+    flight: Arc<Reply>,
     /// One wait on the cut for the whole exchange, not a new one per chunk.
     cut: CutWait,
     capture: bool,
@@ -457,10 +457,4 @@ fn response(status: StatusCode, headers: HeaderMap, body: Body) -> Response {
     *r.status_mut() = status;
     *r.headers_mut() = headers;
     r
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

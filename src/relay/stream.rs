@@ -25,8 +25,8 @@ use super::{response, CutWatch, Exchange, Head, Timing};
 use crate::accumulate::Event;
 use crate::cut::CutWait;
 use crate::idle::BodyError;
-use crate::inflight::InFlight;
 use crate::metrics::Metrics;
+use crate::session::Reply;
 use crate::storage::StorageError;
 use crate::upstream::Upstream;
 
@@ -139,7 +139,7 @@ where
         }
     }
 
-    fn poll_step(&mut self, cx: &mut Context<'_>, flight: &InFlight) -> Poll<Step> {
+    fn poll_step(&mut self, cx: &mut Context<'_>, flight: &Reply) -> Poll<Step> {
         let bytes = match std::task::ready!(self.body.poll_next_unpin(cx)) {
             None => return Poll::Ready(Step::Finished),
             // A connection that fails after the reply's end lost nothing.
@@ -180,7 +180,7 @@ struct RelayBody<S> {
     /// Shared with the exchange's task, which takes it on a cut.
     reader: Arc<Mutex<Option<Reader<S>>>>,
     cut: CutWait,
-    flight: Arc<InFlight>,
+    flight: Arc<Reply>,
     upstream: Arc<Upstream>,
     metrics: Arc<Metrics>,
     /// When the upstream was called, for the time to the first token.

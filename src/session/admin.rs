@@ -85,7 +85,7 @@ impl Session {
         mut messages: Vec<Message>,
         now_ms: i64,
     ) -> Result<(usize, Ticket), Refused> {
-        let mut st = self.settled(OnNewRequest::Interrupt)?;
+        let mut st = self.settled(policy, OnNewRequest::Interrupt)?;
         self.touch(now_ms);
         let turn = turns::stamp_client_messages(&mut messages, 0, None, now_ms);
         let messages = super::shared(messages);
@@ -111,7 +111,7 @@ impl Session {
         mut messages: Vec<Message>,
         now_ms: i64,
     ) -> Result<(Vec<Message>, Ticket), Refused> {
-        let mut st = self.settled(policy.on_new_request)?;
+        let mut st = self.settled(policy, policy.on_new_request)?;
         self.touch(now_ms);
         for m in messages.iter_mut().filter(|m| m.role == "assistant") {
             m.metadata_mut()
@@ -130,7 +130,7 @@ impl Session {
 
     /// Clears the history; the session and its system messages stay.
     pub fn clear_history(&self, policy: &Policy, now_ms: i64) -> Result<(usize, Ticket), Refused> {
-        let mut st = self.settled(OnNewRequest::Interrupt)?;
+        let mut st = self.settled(policy, OnNewRequest::Interrupt)?;
         self.touch(now_ms);
         let cleared = st.messages.len();
         st.first_seq += cleared as u64;
@@ -175,7 +175,7 @@ impl Session {
         also: impl FnOnce(&Ended) -> Vec<Op>,
     ) -> Option<(Ended, Ticket)> {
         let mut st = match when {
-            EndWhen::Always => self.settled(OnNewRequest::Interrupt).ok()?,
+            EndWhen::Always => self.settled(policy, OnNewRequest::Interrupt).ok()?,
             EndWhen::IdleBefore(_) | EndWhen::NotBusy => {
                 let st = self.state();
                 if st.ended || st.active.is_some() {

@@ -7,23 +7,30 @@
 //! recorded (complete, interrupted or failed). A request that finds the slot
 //! taken interrupts that reply (barge-in) or is rejected, as configured;
 //! it never waits for the old reply's upstream to be drained.
+//!
+//! Every change to a session is made here, under its lock: a reply's
+//! record too. The reply in flight decides what its record is
+//! (`InFlight::settle` returns a `Record`); `settle_reply` applies it.
 
 mod admin;
+mod reply;
 mod store;
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use admin::{EndWhen, Ended, Summary};
+pub use reply::Reply;
 pub use store::Store;
 
+use crate::clock::Clock;
 use crate::config::{HistoryConfig, OnNewRequest};
-use crate::inflight::{InFlight, Recorder};
+use crate::inflight::{Ctx, Happened, InFlight, Record, Settled};
 use crate::interruption::{self, Spoken};
 use crate::message::Message;
 use crate::metrics::{Cause, Metrics};
 use crate::reconcile::{self, Hints, Reconciled, Rewrite};
-use crate::storage::{Loaded, Meta, Op, Storage, Ticket};
+use crate::storage::{Claim, Loaded, Meta, Op, Storage, Ticket};
 use crate::tokens::Encoding;
 use crate::vendor::VendorRules;
 use crate::webhook::{Event, Notifier};
@@ -64,6 +71,8 @@ pub struct Policy {
     pub metrics: Arc<Metrics>,
     pub notifier: Arc<dyn Notifier>,
     pub storage: Arc<Storage>,
+    /// What sessions and records read the time from.
+    pub clock: Clock,
 }
 
 pub struct Session {
@@ -82,6 +91,9 @@ struct State {
     /// dropped, so a message keeps its number while it is stored.
     first_seq: u64,
     active: Option<Arc<InFlight>>,
+    /// The session's lease with shared storage, held while `active` is
+    /// and given up right after the reply's record.
+    lease: Option<Claim>,
     /// Per-session instructions, sent after the configured ones.
     system_messages: Vec<Message>,
     /// Users seen speaking in this session (the user header).
@@ -122,6 +134,7 @@ impl State {
             messages: Vec::new(),
             first_seq: meta.first_seq,
             active: None,
+            lease: None,
             system_messages: meta.system_messages,
             users: meta.users,
             ended: false,
@@ -390,11 +403,6 @@ impl Session {
         self.last_active_ms.load(Ordering::Relaxed)
     }
 
-    /// The reply in flight, if any.
-    pub fn in_flight(&self) -> Option<Arc<InFlight>> {
-        self.state().active.clone()
-    }
-
     /// A reply is in flight: the session is not idle whatever the clock says.
     pub fn is_busy(&self) -> bool {
         self.state().active.is_some()
@@ -421,8 +429,8 @@ impl Session {
         self: &Arc<Self>,
         policy: &Arc<Policy>,
         req: &TurnRequest<'_>,
-    ) -> Result<(Prepared, Arc<InFlight>), Refused> {
-        let mut st = self.settled(policy.on_new_request)?;
+    ) -> Result<(Prepared, Reply), Refused> {
+        let mut st = self.settled(policy, policy.on_new_request)?;
         if let Some(user) = req.user {
             if !st.users.iter().any(|u| u == user) {
                 st.users.push(user.to_owned());
@@ -431,17 +439,19 @@ impl Session {
         }
         self.touch(req.now_ms);
         let prepared = self.append(&mut st, policy, req);
-        let recorder = Recorder::new(Arc::clone(self), Arc::clone(policy));
-        let flight = Arc::new(InFlight::new(Some(recorder), prepared.turn_id));
+        let flight = Arc::new(InFlight::new(prepared.turn_id));
         st.active = Some(Arc::clone(&flight));
-        Ok((prepared, flight))
+        Ok((
+            prepared,
+            Reply::new(flight, Arc::clone(self), Arc::clone(policy)),
+        ))
     }
 
     /// Settles the reply in flight in this process, if any, as `policy`
     /// says; with shared storage this comes before claiming the session,
     /// so that a turn never waits on its own process's lease.
-    pub fn settle(&self, policy: OnNewRequest) -> Result<(), Refused> {
-        self.settled(policy).map(drop)
+    pub fn settle(&self, policy: &Policy, on_new: OnNewRequest) -> Result<(), Refused> {
+        self.settled(policy, on_new).map(drop)
     }
 
     /// Replaces the local copy with what shared storage holds, unless a
@@ -458,34 +468,35 @@ impl Session {
         *st = State::with_messages(meta, messages);
     }
 
-    /// Settles the reply in flight, if any, as `policy` says, and returns
+    /// Settles the reply in flight, if any, as `on_new` says, and returns
     /// the state with no reply in flight.
-    fn settled(&self, policy: OnNewRequest) -> Result<MutexGuard<'_, State>, Refused> {
-        loop {
-            let active = {
-                let st = self.state();
-                if st.ended {
-                    return Err(Refused::Ended);
-                }
-                match &st.active {
-                    None => return Ok(st),
-                    Some(active) => Arc::clone(active),
-                }
-            };
-            // The reply's own lock is taken before the session's, never
-            // the other way round: the session lock is released above.
-            match policy {
-                OnNewRequest::Interrupt => {
-                    active.interrupt(None, Cause::NewRequest);
-                }
-                OnNewRequest::Reject => {
-                    if !active.settle_if_delivered() {
-                        return Err(Refused::Busy);
-                    }
-                }
-            }
-            self.release(&active);
+    fn settled(
+        &self,
+        policy: &Policy,
+        on_new: OnNewRequest,
+    ) -> Result<MutexGuard<'_, State>, Refused> {
+        let mut st = self.state();
+        if st.ended {
+            return Err(Refused::Ended);
         }
+        let Some(active) = st.active.clone() else {
+            return Ok(st);
+        };
+        let happened = match on_new {
+            OnNewRequest::Interrupt => Happened::Cut {
+                spoken: None,
+                cause: Cause::NewRequest,
+            },
+            OnNewRequest::Reject => Happened::Rejecting,
+        };
+        self.settle_locked(&mut st, policy, &active, happened);
+        if !active.is_settled() {
+            return Err(Refused::Busy);
+        }
+        // Settled replies give up the slot; a reply settled before this
+        // request came (its record written) never holds it.
+        st.active = None;
+        Ok(st)
     }
 
     fn append(&self, st: &mut State, policy: &Policy, req: &TurnRequest<'_>) -> Prepared {
@@ -631,42 +642,108 @@ impl Session {
         }
     }
 
-    /// Stores a reply (if any) and frees the turn slot held by `flight`.
-    /// Returns the reply's sequence number and when it is durable.
-    pub(crate) fn finish(
+    /// Applies what happened to `flight`, a reply of this session: writes
+    /// its record, frees the turn when it is settled. Returns the record
+    /// written (a cut reply's) and when it is durable.
+    pub(crate) fn settle_reply(
         &self,
-        flight: &InFlight,
-        reply: Option<Message>,
         policy: &Policy,
-    ) -> (Option<u64>, Ticket) {
+        flight: &InFlight,
+        happened: Happened<'_>,
+    ) -> (Option<Message>, Ticket) {
         let mut st = self.state();
-        self.touch(crate::relay::now_ms());
-        let mut ops = Vec::new();
-        let seq = reply.map(|m| {
-            st.push_message(Arc::new(m));
-            ops.push(self.push_op(&st, st.messages.len() - 1));
-            st.first_seq + st.messages.len() as u64 - 1
-        });
-        self.trim(&mut st, policy, &mut ops);
+        self.settle_locked(&mut st, policy, flight, happened)
+    }
+
+    fn settle_locked(
+        &self,
+        st: &mut State,
+        policy: &Policy,
+        flight: &InFlight,
+        happened: Happened<'_>,
+    ) -> (Option<Message>, Ticket) {
+        let ctx = Ctx {
+            next_seq: st.first_seq + st.messages.len() as u64,
+            now_ms: policy.clock.now_ms(),
+        };
+        match flight.settle(happened, ctx) {
+            Record::Nothing => (None, Ticket::ready()),
+            Record::Wait(ticket) => (None, ticket),
+            Record::Settle(settle) => {
+                if let Settled::Interrupted(cause) = settle.kind {
+                    policy.metrics.interrupted(cause);
+                }
+                if let (Some((f, reason)), Some(reply)) = (settle.on_complete, &settle.reply) {
+                    // The answer cache's own lock is a leaf.
+                    f(reply, reason.as_deref());
+                }
+                self.touch(ctx.now_ms);
+                let mut ops = Vec::new();
+                let record = settle.reply.map(|m| {
+                    let record = m.clone();
+                    st.push_message(Arc::new(m));
+                    ops.push(self.push_op(st, st.messages.len() - 1));
+                    record
+                });
+                self.trim(st, policy, &mut ops);
+                let mut lease = None;
+                if st
+                    .active
+                    .as_deref()
+                    .is_some_and(|a| std::ptr::eq(a, flight))
+                {
+                    st.active = None;
+                    lease = st.lease.take();
+                }
+                let mut ticket = settle.opening.and(self.persist(st, policy, ops));
+                if let Some(claim) = lease {
+                    // Queued after the record, so the next holder reads it.
+                    let _ = policy.storage.release(claim);
+                }
+                if settle.end_waits {
+                    flight.end_waits_for(std::mem::take(&mut ticket));
+                }
+                (record, ticket)
+            }
+            Record::Update {
+                seq,
+                change,
+                drained,
+            } => {
+                if let Some((complete, yielded)) = drained {
+                    policy.metrics.drained(complete, yielded);
+                }
+                (
+                    None,
+                    self.update_locked(st, seq, policy, |m| change.apply(m)),
+                )
+            }
+        }
+    }
+
+    /// Holds the session's lease while `flight` is its reply in flight;
+    /// a reply already recorded gives it up at once.
+    pub(crate) fn hold_lease(&self, policy: &Policy, flight: &InFlight, claim: Claim) {
+        let mut st = self.state();
         if st
             .active
             .as_deref()
             .is_some_and(|a| std::ptr::eq(a, flight))
         {
-            st.active = None;
+            st.lease = Some(claim);
+        } else {
+            let _ = policy.storage.release(claim);
         }
-        let ticket = self.persist(&mut st, policy, ops);
-        (seq, ticket)
     }
 
     /// Changes a stored message, if it is still stored.
-    pub(crate) fn update(
+    fn update_locked(
         &self,
+        st: &mut State,
         seq: u64,
         policy: &Policy,
         change: impl FnOnce(&mut Message),
     ) -> Ticket {
-        let mut st = self.state();
         let Some(index) = seq
             .checked_sub(st.first_seq)
             .and_then(|i| usize::try_from(i).ok())
@@ -675,29 +752,39 @@ impl Session {
             return Ticket::ready();
         };
         st.edit_message(index, change);
-        let op = self.set_op(&st, index);
-        self.persist(&mut st, policy, vec![op])
+        let op = self.set_op(st, index);
+        self.persist(st, policy, vec![op])
     }
 
-    /// Frees the turn slot if `flight` still holds it (it always gives it up
-    /// when it records; this guards the loop in `begin` all the same).
-    fn release(&self, flight: &Arc<InFlight>) {
+    /// Cuts off the reply in flight, if any (another replica asks, or a
+    /// shutdown). Returns whether there was one to cut.
+    pub fn cut_in_flight(&self, policy: &Policy, cause: Cause) -> bool {
         let mut st = self.state();
-        if st.active.as_ref().is_some_and(|a| Arc::ptr_eq(a, flight)) {
-            st.active = None;
-        }
+        let Some(active) = st.active.clone() else {
+            return false;
+        };
+        let happened = Happened::Cut {
+            spoken: None,
+            cause,
+        };
+        self.settle_locked(&mut st, policy, &active, happened)
+            .0
+            .is_some()
     }
 
     /// The agent says its user interrupted the bot: cut off the reply in
     /// flight, or mark the newest stored reply.
     pub fn interrupt(&self, policy: &Policy, spoken: Option<&Spoken>, now_ms: i64) -> Interrupted {
-        let active = self.state().active.clone();
-        if let Some(active) = active {
-            if let Some((record, ticket)) = active.interrupt(spoken, Cause::Endpoint) {
+        let mut st = self.state();
+        if let Some(active) = st.active.clone() {
+            let cut = Happened::Cut {
+                spoken,
+                cause: Cause::Endpoint,
+            };
+            if let (Some(record), ticket) = self.settle_locked(&mut st, policy, &active, cut) {
                 return Interrupted::InFlight(record, ticket);
             }
         }
-        let mut st = self.state();
         // Only the reply that ends the history: an older one was answered
         // by later turns, and a failure record was never said by the model.
         let Some(last) = st.messages.len().checked_sub(1).filter(|&i| {
