@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
-use recall::accumulate::ReplyAccumulator;
 use recall::config::Roles;
-use recall::message::{Message, Role};
-use recall::reconcile::{reconcile, Hints};
-use recall::render::outbound;
-use recall::tokens::Encoding;
-use recall::vendor::{rewrite, TurnInfo, VendorRules};
-use recall::window::Limits;
+use recall::memory::message::{Message, Role};
+use recall::memory::reconcile::{reconcile, Hints};
+use recall::memory::render::outbound;
+use recall::memory::tokens::Encoding;
+use recall::memory::window::Limits;
+use recall::proxy::accumulate::ReplyAccumulator;
+use recall::proxy::vendor::{rewrite, TurnInfo, VendorRules};
 use serde_json::{json, Map, Value};
 
 fn history(n: usize) -> Vec<Message> {

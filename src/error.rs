@@ -103,7 +103,7 @@ pub enum ApiError {
     #[error("internal error in recall")]
     Internal,
     #[error("memory storage is unavailable: {0}")]
-    Storage(#[from] crate::storage::StorageError),
+    Storage(#[from] crate::store::StorageError),
     #[error("recall is at its limit of {limit} upstream calls at once (server.max_concurrent_upstream); retry shortly")]
     Overloaded { limit: usize },
 }
@@ -291,8 +291,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::message::MessageError> for ApiError {
-    fn from(e: crate::message::MessageError) -> Self {
+impl From<crate::memory::message::MessageError> for ApiError {
+    fn from(e: crate::memory::message::MessageError) -> Self {
         let param = e.param();
         RequestError::invalid(e.to_string(), Some(&param)).into()
     }

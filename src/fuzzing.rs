@@ -9,13 +9,15 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::accumulate::{self, Event, ReplyAccumulator};
 use crate::config::{Config, InterruptedRendering, Roles};
-use crate::interruption::{self, Spoken};
-use crate::message::Message;
-use crate::vendor::{self, TurnInfo, VendorRules};
-use crate::window::{self, Limits};
-use crate::{reconcile, render, turns};
+use crate::memory::interruption::{self, Spoken};
+use crate::memory::message::Message;
+use crate::memory::reconcile;
+use crate::memory::render;
+use crate::memory::turns;
+use crate::memory::window::{self, Limits};
+use crate::proxy::accumulate::{self, Event, ReplyAccumulator};
+use crate::proxy::vendor::{self, TurnInfo, VendorRules};
 
 /// An upstream's SSE stream, cut into reads the way the network may cut it:
 /// the first byte sets the read size (1 to 64 bytes), the rest is the

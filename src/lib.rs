@@ -6,37 +6,18 @@
 //! (`gate`: a slot under `max_concurrent`) → `relay` (stream + record).
 //! `reconcile`, `render`, `window`, `turns`, `vendor` and `accumulate` are pure.
 
-pub mod accumulate;
 pub mod api;
-pub mod app;
-pub mod auth;
-pub mod cache;
 pub mod clock;
 pub mod config;
-pub mod cut;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod gate;
-pub mod idle;
-pub mod inflight;
-pub mod interruption;
-pub mod lifecycle;
-pub mod message;
+pub mod memory;
 pub mod metrics;
-pub mod mock;
-pub mod reconcile;
-pub mod relay;
-pub mod render;
-pub mod session;
-pub mod storage;
-pub mod threads;
-pub mod tokens;
-pub mod turns;
-pub mod upstream;
-pub mod vendor;
+pub mod proxy;
+pub mod server;
+pub mod store;
 pub mod webhook;
-pub mod window;
 
-pub use app::{router, serve, App};
 pub use config::Config;
+pub use server::app::{router, serve, App};

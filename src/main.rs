@@ -148,8 +148,8 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // The first serving thread's runtime; `recall::serve` starts the
-    // others, each with a runtime of its own (see `recall::threads`).
-    match recall::threads::runtime(0) {
+    // others, each with a runtime of its own (see `recall::server::threads`).
+    match recall::server::threads::runtime(0) {
         // Spawned, so that serving runs on the runtime's worker thread
         // rather than on this one, which only waits.
         Ok(rt) => rt.block_on(async {

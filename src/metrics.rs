@@ -16,8 +16,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::reconcile::Rewrite;
-use crate::window::{TrimReason, TrimScope};
+use crate::memory::reconcile::Rewrite;
+use crate::memory::window::{TrimReason, TrimScope};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {

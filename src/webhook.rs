@@ -16,11 +16,11 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use crate::config::WebhookConfig;
-use crate::message::Message;
+use crate::memory::message::Message;
+use crate::memory::reconcile::Rewrite;
+use crate::memory::window::{TrimReason, TrimScope};
 use crate::metrics::Metrics;
-use crate::reconcile::Rewrite;
-use crate::storage::{Op, Storage};
-use crate::window::{TrimReason, TrimScope};
+use crate::store::{Op, Storage};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -18,16 +18,16 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use recall::clock::Clock;
 use recall::config::{HistoryConfig, InterruptedRendering, OnNewRequest, Roles};
-use recall::interruption::{is_failure, is_interrupted, is_superseded};
-use recall::message::{Message, Role};
+use recall::memory::interruption::{is_failure, is_interrupted, is_superseded};
+use recall::memory::message::{Message, Role};
+use recall::memory::render::{check, outbound};
+use recall::memory::session::{Policy, Reply, Session, Store, TurnRequest};
+use recall::memory::tokens::Encoding;
+use recall::memory::window::Limits;
 use recall::metrics::Metrics;
-use recall::render::{check, outbound};
-use recall::session::{Policy, Reply, Session, Store, TurnRequest};
-use recall::storage::Storage;
-use recall::tokens::Encoding;
-use recall::vendor::VendorRules;
+use recall::proxy::vendor::VendorRules;
+use recall::store::Storage;
 use recall::webhook::LogOnly;
-use recall::window::Limits;
 use serde_json::{json, Value};
 
 #[derive(Debug, Clone, Copy)]

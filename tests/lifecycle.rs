@@ -159,7 +159,7 @@ async fn trims_are_counted_and_delivered_when_asked_for() {
         })
         .await;
     assert_eq!(kept["reason"], "max_messages");
-    use recall::window::{TrimReason, TrimScope};
+    use recall::memory::window::{TrimReason, TrimScope};
     assert!(
         h.app
             .metrics

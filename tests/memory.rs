@@ -487,7 +487,7 @@ async fn an_absurd_client_turn_id_does_not_break_the_session() {
 
 #[tokio::test]
 async fn a_session_keeps_at_most_max_bytes_oldest_dropped_first() {
-    use recall::window::{TrimReason, TrimScope};
+    use recall::memory::window::{TrimReason, TrimScope};
     let h = Harness::start(
         "[history]\nwindow_messages = 0\nmax_messages = 0\nmax_bytes = 1000\n",
         "",

@@ -11,16 +11,16 @@
 
 use proptest::prelude::*;
 use recall::config::{InterruptedRendering, Roles};
-use recall::interruption::{
+use recall::memory::interruption::{
     added_by_recall, failure_reply, interrupted_reply, is_failure, is_interrupted, is_superseded,
     supersede,
 };
-use recall::message::{Message, Role};
-use recall::reconcile::{reconcile, Hints};
-use recall::render::{check, outbound};
-use recall::tokens::Encoding;
-use recall::vendor::VendorRules;
-use recall::window::{keep_start, keep_start_bytes, Limits};
+use recall::memory::message::{Message, Role};
+use recall::memory::reconcile::{reconcile, Hints};
+use recall::memory::render::{check, outbound};
+use recall::memory::tokens::Encoding;
+use recall::memory::window::{keep_start, keep_start_bytes, Limits};
+use recall::proxy::vendor::VendorRules;
 use serde_json::{json, Value};
 
 /// A few hundred cases each: enough to shrink to small counterexamples,

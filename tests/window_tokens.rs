@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use recall::window::{TrimReason, TrimScope};
+use recall::memory::window::{TrimReason, TrimScope};
 use reqwest::Method;
 use serde_json::{json, Value};
 

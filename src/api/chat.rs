@@ -16,17 +16,17 @@ use serde_json::{Map, Value};
 
 use super::observe::ServedBy;
 use super::PathParams;
-use crate::app::App;
-use crate::cache;
 use crate::config::OnNewRequest;
 use crate::error::{ApiError, RequestError};
-use crate::message::{parse_messages, Message, Role};
-use crate::reconcile;
-use crate::relay::{self, Exchange};
-use crate::session::{self, Refused, Reply};
-use crate::storage::Wait;
-use crate::tokens::Encoding;
-use crate::vendor::{self, TurnInfo};
+use crate::memory::message::{parse_messages, Message, Role};
+use crate::memory::reconcile;
+use crate::memory::session::{self, Refused, Reply};
+use crate::memory::tokens::Encoding;
+use crate::proxy::cache;
+use crate::proxy::relay::{self, Exchange};
+use crate::proxy::vendor::{self, TurnInfo};
+use crate::server::app::App;
+use crate::store::Wait;
 
 pub async fn completions(
     State(app): State<Arc<App>>,

@@ -1,6 +1,7 @@
 //! HTTP routes. Every route under `/v1/` is also served under
 //! `/sessions/{session_id}/v1/`, for clients that can only set a base URL.
 
+pub mod auth;
 mod chat;
 mod models;
 pub mod observe;
@@ -28,9 +29,9 @@ use subtle::ConstantTimeEq;
 
 pub use chat::{parse_request, ChatRequest};
 
-use crate::app::App;
-use crate::auth::Access;
+use crate::api::auth::Access;
 use crate::error::{ApiError, RequestError};
+use crate::server::app::App;
 
 pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
     Router::new()
@@ -107,7 +108,7 @@ async fn session_api_access(
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let given = crate::auth::bearer(request.headers()).unwrap_or_default();
+    let given = crate::api::auth::bearer(request.headers()).unwrap_or_default();
     let admin = app
         .admin_token
         .as_ref()

@@ -8,9 +8,9 @@ use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 
 use super::PathParams;
-use crate::app::App;
 use crate::error::{ApiError, RequestError, UpstreamError};
-use crate::upstream::relayed_response_headers;
+use crate::proxy::upstream::relayed_response_headers;
+use crate::server::app::App;
 
 pub async fn list(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, ApiError> {
     forward(&app, "/models", &headers).await

@@ -17,8 +17,8 @@ use axum::response::Response;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::app::App;
 use crate::metrics::RequestLabels;
+use crate::server::app::App;
 
 /// The header a request id is read from and returned in. An upstream's own
 /// `x-request-id` is relayed as `x-upstream-request-id`.

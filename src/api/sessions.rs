@@ -15,15 +15,15 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::QueryParams;
-use crate::app::App;
-use crate::auth::Access;
+use crate::api::auth::Access;
 use crate::config::OnNewRequest;
 use crate::error::{ApiError, RequestError};
-use crate::interruption::Spoken;
-use crate::lifecycle;
-use crate::message::{parse_messages, Message};
-use crate::session::{Interrupted, Refused, Session, Summary};
-use crate::storage::{Claim, Ticket, Wait};
+use crate::memory::interruption::Spoken;
+use crate::memory::lifecycle;
+use crate::memory::message::{parse_messages, Message};
+use crate::memory::session::{Interrupted, Refused, Session, Summary};
+use crate::server::app::App;
+use crate::store::{Claim, Ticket, Wait};
 use crate::webhook::{EndReason, Event};
 
 /// The session a request names in its path: `name` as the caller knows it,
@@ -68,7 +68,7 @@ async fn existing(app: &App, target: &Target) -> Result<Arc<Session>, ApiError> 
 /// For writes that may start a session (seeding memory before the first
 /// turn); the id is checked like a chat request's.
 async fn existing_or_new(app: &App, target: &Target) -> Result<Arc<Session>, ApiError> {
-    crate::session::validate_id(&target.name)
+    crate::memory::session::validate_id(&target.name)
         .map_err(|m| RequestError::invalid(m, Some("session_id")))?;
     let (session, created) = app
         .sessions
@@ -319,7 +319,7 @@ pub async fn history(
     if openai || !q.include_superseded {
         history
             .messages
-            .retain(|m| !crate::interruption::is_superseded(m));
+            .retain(|m| !crate::memory::interruption::is_superseded(m));
     }
     let skip = q
         .limit

@@ -1,0 +1,158 @@
+//! The config's parsing and checks, key by key.
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("test.toml"))
+}
+
+const UPSTREAM: &str = "[[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:1/v1\"\n";
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let c = parse(UPSTREAM).unwrap();
+    assert_eq!(c.history.window_messages, 20);
+    assert_eq!(c.history.max_messages, 1000);
+    assert_eq!(c.history.window_tokens, 0);
+    assert_eq!(c.session.header, "x-session-id");
+    assert_eq!(c.upstreams[0].vendor, Vendor::Openai);
+    assert_eq!(c.upstreams[0].models, vec!["*"]);
+    assert!(c.upstreams[0].interruptable);
+}
+
+#[test]
+fn every_config_in_the_config_directory_is_valid() {
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"));
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            // What `recall check` prints parses back to the same config.
+            let again = Config::parse(&c.masked_toml(), &path).unwrap();
+            assert_eq!(again.upstreams.len(), c.upstreams.len());
+            seen += 1;
+        }
+    }
+    assert!(seen >= 1);
+}
+
+#[test]
+fn errors_name_the_key_and_file() {
+    let e = parse(&format!("[history]\nwindow_mesages = 3\n{UPSTREAM}"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("window_mesages") && e.contains("test.toml"),
+        "{e}"
+    );
+
+    let e = parse("[history]\nwindow_messages = \"x\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("window_messages"), "{e}");
+
+    let e = parse("").unwrap_err().to_string();
+    assert!(e.contains("upstreams"), "{e}");
+
+    let e = parse("[[upstreams]]\nname = \"a\"\nbase_url = \"not a url\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("upstreams[0].base_url"), "{e}");
+
+    let e = parse(&format!(
+        "[history]\nwindow_messages = 50\nmax_messages = 10\n{UPSTREAM}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("history.window_messages"), "{e}");
+
+    let e = parse(&format!("[server]\nlisten = \"nowhere\"\n{UPSTREAM}"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("server.listen"), "{e}");
+
+    let e = parse(&format!("[server]\nworker_threads = 100000\n{UPSTREAM}"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("server.worker_threads"), "{e}");
+    let one = parse(&format!("[server]\nworker_threads = 1\n{UPSTREAM}")).unwrap();
+    assert_eq!(one.server.worker_threads, 1);
+}
+
+#[test]
+fn a_vendor_mode_recall_does_not_know_is_an_error_not_openai() {
+    let upstream = |vendor: &str| {
+        format!("[[upstreams]]\nname = \"a\"\nbase_url = \"http://x/v1\"\nvendor = \"{vendor}\"\n")
+    };
+    let e = parse(&upstream("Custom")).unwrap_err().to_string();
+    assert!(e.contains("vendor") && e.contains("Custom"), "{e}");
+    assert!(e.contains("openai") && e.contains("custom"), "{e}");
+    assert!(parse(&upstream("custom")).unwrap().upstreams[0].is_custom());
+    assert!(!parse(&upstream("openai")).unwrap().upstreams[0].is_custom());
+}
+
+#[test]
+fn a_mock_upstream_is_checked_like_any_other() {
+    let mock = |extra: &str| {
+        parse(&format!(
+            "[[upstreams]]\nname = \"m\"\nbase_url = \"mock://echo\"\n{extra}"
+        ))
+    };
+    let c = mock("mock_chunk_delay_ms = 0\nmock_words_per_chunk = 3\n").unwrap();
+    assert_eq!(c.upstreams[0].mock_words_per_chunk, Some(3));
+    // `recall check` shows the pace in effect, defaults included.
+    let shown = mock("").unwrap().masked_toml();
+    assert!(shown.contains("mock_chunk_delay_ms = 40"), "{shown}");
+    assert!(shown.contains("mock_words_per_chunk = 1"), "{shown}");
+
+    let e = parse("[[upstreams]]\nname = \"m\"\nbase_url = \"mock://parrot\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("upstreams[0].base_url")
+            && e.contains("mock://parrot")
+            && e.contains("mock://echo")
+            && e.contains("test.toml"),
+        "{e}"
+    );
+    let e = mock("mock_words_per_chunk = 0\n").unwrap_err().to_string();
+    assert!(e.contains("upstreams[0].mock_words_per_chunk"), "{e}");
+    let e = mock("read_timeout_secs = 1\nmock_chunk_delay_ms = 1000\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("upstreams[0].mock_chunk_delay_ms"), "{e}");
+    let e = parse(&format!("{UPSTREAM}mock_chunk_delay_ms = 5\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("upstreams[0].mock_chunk_delay_ms") && e.contains("mock://"),
+        "{e}"
+    );
+}
+
+#[test]
+fn window_tokens_is_checked_and_shown_by_check() {
+    let c = parse(&format!("[history]\nwindow_tokens = 8000\n{UPSTREAM}")).unwrap();
+    assert_eq!(c.history.window_tokens, 8000);
+    assert!(c.masked_toml().contains("window_tokens = 8000"));
+    let e = parse(&format!(
+        "[history]\nwindow_tokens = 1000000000\n{UPSTREAM}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("history.window_tokens"), "{e}");
+    let e = parse(&format!("[history]\nwindow_tokens = -1\n{UPSTREAM}"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("window_tokens"), "{e}");
+}
+
+#[test]
+fn unlimited_window_needs_unlimited_max() {
+    assert!(parse(&format!(
+        "[history]\nwindow_messages = 0\nmax_messages = 0\n{UPSTREAM}"
+    ))
+    .is_ok());
+    assert!(parse(&format!("[history]\nwindow_messages = 0\n{UPSTREAM}")).is_err());
+}

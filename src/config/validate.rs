@@ -1,0 +1,220 @@
+//! The checks a config passes before the server starts: each error names
+//! the file and the key.
+
+use std::path::Path;
+
+use super::*;
+use crate::proxy::mock::MockKind;
+
+impl Config {
+    pub(super) fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: &str| ConfigError::Invalid {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            message: message.to_owned(),
+        };
+        if self.listen_addr().is_err() {
+            return Err(invalid(
+                "server.listen",
+                "must be an address such as \"127.0.0.1:8080\"",
+            ));
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(invalid("server.max_body_bytes", "must be greater than 0"));
+        }
+        if self.server.request_body_timeout_secs == 0 {
+            return Err(invalid(
+                "server.request_body_timeout_secs",
+                "must be at least 1",
+            ));
+        }
+        if self.server.max_request_messages == 0 {
+            return Err(invalid("server.max_request_messages", "must be at least 1"));
+        }
+        if self.server.worker_threads > 1024 {
+            return Err(invalid(
+                "server.worker_threads",
+                "must be at most 1024 (0 = one per CPU)",
+            ));
+        }
+        for (key, name) in [
+            ("session.header", &self.session.header),
+            ("session.user_header", &self.session.user_header),
+        ] {
+            if axum::http::HeaderName::try_from(name.as_str()).is_err() {
+                return Err(invalid(key, "is not a valid HTTP header name"));
+            }
+        }
+        if self.storage.backend == StorageBackend::Redis {
+            match &self.storage.url {
+                Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {}
+                _ => {
+                    return Err(invalid(
+                        "storage.url",
+                        "must be a redis:// URL when storage.backend = \"redis\"",
+                    ))
+                }
+            }
+            if self.storage.lease_ms < 100 {
+                return Err(invalid("storage.lease_ms", "must be at least 100"));
+            }
+        }
+        if self.storage.backend == StorageBackend::Sqlite && self.storage.path.trim().is_empty() {
+            return Err(invalid("storage.path", "must name the database file"));
+        }
+        if self.session.max_sessions == 0 {
+            return Err(invalid("session.max_sessions", "must be at least 1"));
+        }
+        if let Some(url) = &self.webhook.url {
+            if !is_http_url(url) {
+                return Err(invalid(
+                    "webhook.url",
+                    &format!("({url:?}) must be an http(s) URL"),
+                ));
+            }
+        }
+        for e in &self.webhook.events {
+            if !WEBHOOK_EVENTS.contains(&e.as_str()) {
+                return Err(invalid(
+                    "webhook.events",
+                    &format!("({e:?}) must be one of {WEBHOOK_EVENTS:?}"),
+                ));
+            }
+        }
+        if self.webhook.timeout_secs == 0 {
+            return Err(invalid("webhook.timeout_secs", "must be at least 1"));
+        }
+        if self.cache.exact_match && (self.cache.max_entries == 0 || self.cache.ttl_secs == 0) {
+            return Err(invalid(
+                "cache.max_entries",
+                "and cache.ttl_secs must be greater than 0 when the cache is on",
+            ));
+        }
+        let h = &self.history;
+        if h.max_messages != 0 && (h.window_messages == 0 || h.window_messages > h.max_messages) {
+            return Err(invalid(
+                "history.window_messages",
+                &format!(
+                    "({}) must not be larger than history.max_messages ({}); 0 means no limit",
+                    h.window_messages, h.max_messages
+                ),
+            ));
+        }
+        if h.window_tokens > MAX_WINDOW_TOKENS {
+            return Err(invalid(
+                "history.window_tokens",
+                &format!(
+                    "({}) is larger than any model's context (at most {MAX_WINDOW_TOKENS}); 0 means no limit",
+                    h.window_tokens
+                ),
+            ));
+        }
+        let int = &self.interruption;
+        if int.capture_original && (int.drain_timeout_secs == 0 || int.drain_max_bytes == 0) {
+            return Err(invalid(
+                "interruption.drain_timeout_secs",
+                "and drain_max_bytes must be greater than 0 (set capture_original = false instead)",
+            ));
+        }
+        for (i, m) in self.system_messages.iter().enumerate() {
+            if m.role != "system" && m.role != "developer" {
+                return Err(invalid(
+                    &format!("system_messages[{i}].role"),
+                    "must be \"system\" or \"developer\"",
+                ));
+            }
+        }
+        if self.upstreams.is_empty() {
+            return Err(invalid(
+                "upstreams",
+                "needs at least one [[upstreams]] entry",
+            ));
+        }
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let key = |k: &str| format!("upstreams[{i}].{k}");
+            if u.name.trim().is_empty() {
+                return Err(invalid(&key("name"), "must not be empty"));
+            }
+            match MockKind::from_base_url(&u.base_url) {
+                Some(Err(e)) => return Err(invalid(&key("base_url"), &e.to_string())),
+                Some(Ok(_)) => {
+                    validate_mock_pace(u).map_err(|(k, message)| invalid(&key(k), &message))?
+                }
+                None if !is_http_url(&u.base_url) => {
+                    return Err(invalid(
+                        &key("base_url"),
+                        &format!(
+                            "({:?}) must be an http(s) URL or \"{}\"",
+                            u.base_url,
+                            crate::proxy::mock::ECHO_URL
+                        ),
+                    ))
+                }
+                None => {
+                    // The pace keys would be silently ignored here.
+                    for (k, set) in [
+                        ("mock_chunk_delay_ms", u.mock_chunk_delay_ms.is_some()),
+                        ("mock_words_per_chunk", u.mock_words_per_chunk.is_some()),
+                    ] {
+                        if set {
+                            return Err(invalid(&key(k), "applies only to a mock:// base_url"));
+                        }
+                    }
+                }
+            }
+            if u.models.is_empty() {
+                return Err(invalid(&key("models"), "must list at least one pattern"));
+            }
+            if u.timeout_secs == 0 || u.connect_timeout_secs == 0 || u.read_timeout_secs == 0 {
+                return Err(invalid(
+                    &key("timeout_secs"),
+                    "timeouts must be at least 1 second",
+                ));
+            }
+            if let Some(f) = &u.fallback {
+                if f == &u.name || !self.upstreams.iter().any(|o| &o.name == f) {
+                    return Err(invalid(
+                        &key("fallback"),
+                        &format!("({f:?}) must name another upstream"),
+                    ));
+                }
+            }
+            for (name, value) in &u.headers {
+                if axum::http::HeaderName::try_from(name.as_str()).is_err()
+                    || axum::http::HeaderValue::try_from(value.as_str()).is_err()
+                {
+                    return Err(invalid(
+                        &key(&format!("headers.{name}")),
+                        "is not a valid header",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The mock's pace keys: the failing key (relative to the upstream) and why.
+fn validate_mock_pace(u: &UpstreamConfig) -> Result<(), (&'static str, String)> {
+    if u.mock_words_per_chunk == Some(0) {
+        return Err(("mock_words_per_chunk", "must be at least 1".into()));
+    }
+    let delay_ms = u
+        .mock_chunk_delay_ms
+        .unwrap_or(crate::proxy::mock::DEFAULT_CHUNK_DELAY_MS);
+    if delay_ms >= u.read_timeout_secs.saturating_mul(1000) {
+        return Err((
+            "mock_chunk_delay_ms",
+            format!(
+                "({delay_ms}) must be shorter than read_timeout_secs ({} s), or every stream times out",
+                u.read_timeout_secs
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn is_http_url(text: &str) -> bool {
+    reqwest::Url::parse(text)
+        .is_ok_and(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
+}

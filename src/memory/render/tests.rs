@@ -1,0 +1,282 @@
+use super::*;
+use crate::config::InterruptedRendering;
+use crate::memory::tokens::Encoding;
+use serde_json::json;
+
+fn u(t: &str) -> Message {
+    Message::new(Role::User, t)
+}
+fn a(t: &str) -> Message {
+    Message::new(Role::Assistant, t)
+}
+fn call(text: Value, ids: &[&str]) -> Message {
+    let mut m = Message::new(Role::Assistant, text);
+    m.set_tool_calls(Some(
+        ids.iter()
+            .map(|id| {
+                json!({"id": id, "type": "function",
+                "function": {"name": "f", "arguments": "{}"}})
+            })
+            .collect(),
+    ));
+    m
+}
+fn result(id: &str) -> Message {
+    let mut m = Message::new(Role::Tool, "ok");
+    m.set_tool_call_id(Some(id.into()));
+    m
+}
+fn rules() -> VendorRules {
+    VendorRules {
+        custom: false,
+        interruptable: true,
+        strip_fields: Vec::new(),
+        interrupted: InterruptedRendering::Truncated,
+        interrupted_marker: " [cut]".into(),
+        roles: Roles::Any,
+    }
+}
+fn count(n: usize) -> Limits {
+    Limits {
+        messages: n,
+        ..Limits::default()
+    }
+}
+fn chars(n: usize) -> Limits {
+    Limits {
+        chars: n,
+        ..Limits::default()
+    }
+}
+/// `role:content` of what is sent, calls as `[ids]`.
+fn shown(h: &[Message], rules: &VendorRules, limits: Limits) -> Vec<String> {
+    let sent = outbound(h, rules, limits);
+    check(&sent.messages, rules.roles, sent.reason.is_none()).unwrap();
+    sent.messages
+        .iter()
+        .map(|m| {
+            let calls: Vec<&str> = m.tool_call_ids().flatten().collect();
+            let text = match &m.content {
+                Value::String(s) => s.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            if calls.is_empty() {
+                format!("{}:{text}", m.role)
+            } else {
+                format!("{}:{text}{calls:?}", m.role)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn no_limits_send_everything_visible() {
+    let mut old = a("old");
+    interruption::supersede(&mut old, 1);
+    let h = [
+        u("1"),
+        old,
+        a("2"),
+        u("3"),
+        interruption::failure_reply("Sorry.", "503"),
+    ];
+    assert_eq!(
+        shown(&h, &rules(), Limits::default()),
+        ["user:1", "assistant:2", "user:3"]
+    );
+    assert!(outbound::<Message>(&[], &rules(), count(3))
+        .messages
+        .is_empty());
+}
+
+#[test]
+fn a_window_starts_with_a_user_message() {
+    let h = [u("1"), a("2"), u("3"), a("4"), u("5"), a("6"), u("7")];
+    // Six would start with a("2"): the window is five.
+    let sent = outbound(&h, &rules(), count(6));
+    assert_eq!(sent.start, 2);
+    assert_eq!(sent.reason, Some(TrimReason::MaxMessages));
+    assert_eq!(shown(&h, &rules(), count(6))[0], "user:3");
+    // A greeting that opened the conversation is sent when nothing is
+    // cut, unless the upstream needs a user message first.
+    let h = [a("hello"), u("1"), a("2")];
+    assert_eq!(
+        shown(&h, &rules(), Limits::default()),
+        ["assistant:hello", "user:1", "assistant:2"]
+    );
+    assert_eq!(shown(&h, &rules(), count(2)), ["user:1", "assistant:2"]);
+    let mut r = rules();
+    r.roles = Roles::Alternate;
+    assert_eq!(shown(&h, &r, Limits::default()), ["user:1", "assistant:2"]);
+    // With no user message at all, the newest is sent whatever the limits.
+    let h = [a("hello"), a("still there?")];
+    assert_eq!(shown(&h, &rules(), chars(1)), ["assistant:still there?"]);
+}
+
+#[test]
+fn the_newest_user_message_and_what_follows_are_always_sent() {
+    let h = [
+        u("a"),
+        a("b"),
+        u("a very long message"),
+        call(Value::Null, &["c"]),
+        result("c"),
+    ];
+    assert_eq!(
+        shown(&h, &rules(), chars(3)),
+        ["user:a very long message", "assistant:[\"c\"]", "tool:ok"]
+    );
+}
+
+#[test]
+fn unanswered_tool_calls_are_dropped_from_what_is_sent() {
+    let h = [
+        u("weather?"),
+        call(json!("Let me look."), &["c1"]),
+        u("never mind"),
+        call(Value::Null, &["c2"]),
+        u("ok"),
+    ];
+    assert_eq!(
+        shown(&h, &rules(), Limits::default()),
+        [
+            "user:weather?",
+            "assistant:Let me look.",
+            "user:never mind",
+            "user:ok"
+        ]
+    );
+    // The stored messages keep their calls.
+    assert!(h[1].has_tool_calls());
+    // Partly answered: only the answered call stays.
+    let h = [
+        u("q"),
+        call(Value::Null, &["c1", "c2"]),
+        result("c2"),
+        a("done"),
+    ];
+    assert_eq!(
+        shown(&h, &rules(), Limits::default()),
+        ["user:q", "assistant:[\"c2\"]", "tool:ok", "assistant:done"]
+    );
+}
+
+#[test]
+fn orphan_tool_results_are_dropped() {
+    let h = [
+        u("q"),
+        result("gone"),
+        a("x"),
+        call(Value::Null, &["c1"]),
+        result("c9"),
+        u("n"),
+    ];
+    assert_eq!(
+        shown(&h, &rules(), Limits::default()),
+        ["user:q", "assistant:x", "user:n"]
+    );
+    // A result after a superseded call is an orphan too.
+    let mut old = call(Value::Null, &["c1"]);
+    interruption::supersede(&mut old, 1);
+    let h = [u("q"), old, result("c1"), u("n")];
+    assert_eq!(shown(&h, &rules(), Limits::default()), ["user:q", "user:n"]);
+}
+
+#[test]
+fn a_tool_group_is_sent_whole_or_not_at_all() {
+    let h = [
+        u("q"),
+        call(Value::Null, &["c1"]),
+        result("c1"),
+        a("done"),
+        u("next"),
+    ];
+    assert_eq!(shown(&h, &rules(), count(4)), ["user:next"]);
+    assert_eq!(shown(&h, &rules(), count(5)).len(), 5);
+}
+
+#[test]
+fn interrupted_replies_are_rendered_and_counted_as_sent() {
+    let cut = interruption::interrupted_reply(a("Why"), &a("Why not"), true, 3, None, "endpoint");
+    let h = [u("q"), cut.clone(), u("n")];
+    let mut r = rules();
+    r.interrupted = InterruptedRendering::Annotated;
+    assert_eq!(shown(&h, &r, Limits::default())[1], "assistant:Why [cut]");
+    r.interrupted = InterruptedRendering::Original;
+    assert_eq!(shown(&h, &r, Limits::default())[1], "assistant:Why not");
+    // "q" + "Why not" + "n" is 9 characters; stored, it is 5.
+    assert_eq!(shown(&h, &r, chars(8)), ["user:n"]);
+    assert_eq!(shown(&h, &r, chars(9)).len(), 3);
+    let empty = interruption::interrupted_reply(a(""), &a("long"), true, 3, None, "endpoint");
+    assert_eq!(
+        shown(&[u("q"), empty, u("n")], &rules(), Limits::default()),
+        ["user:q", "user:n"]
+    );
+}
+
+#[test]
+fn vendor_custom_counts_the_extension_fields() {
+    let mut m = u("hi");
+    m.metadata_mut().insert("source", json!("asr"));
+    let h = [m, a("yo"), u("n")];
+    let mut r = rules();
+    assert_eq!(shown(&h, &r, chars(5)).len(), 3);
+    r.custom = true;
+    assert_eq!(shown(&h, &r, chars(5)), ["user:n"]);
+    let limits = Limits {
+        tokens: 20,
+        encoding: Encoding::Approx,
+        ..Limits::default()
+    };
+    assert!(
+        outbound(&h, &r, limits).messages.len() < outbound(&h, &rules(), limits).messages.len()
+    );
+}
+
+#[test]
+fn alternate_roles_merge_messages_of_one_role_in_a_row() {
+    let cut = interruption::interrupted_reply(a(""), &a("long"), true, 3, None, "new_request");
+    let h = [u("u1"), cut, u("u2"), a("a2"), a("are you there?"), u("u3")];
+    let mut r = rules();
+    r.roles = Roles::Alternate;
+    assert_eq!(
+        shown(&h, &r, Limits::default()),
+        ["user:u1\n\nu2", "assistant:a2\n\nare you there?", "user:u3"]
+    );
+    assert_eq!(shown(&h, &rules(), Limits::default()).len(), 5);
+    // A merge that would not fit is not made: the window starts later.
+    assert_eq!(
+        shown(&h, &r, chars(23)),
+        ["user:u2", "assistant:a2\n\nare you there?", "user:u3"]
+    );
+    // Parts and text merge as parts.
+    let parts = Message::new(Role::User, json!([{"type": "text", "text": "p"}]));
+    let m = outbound(&[u("t"), parts], &r, Limits::default()).messages;
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].content.as_array().map(Vec::len), Some(3));
+}
+
+#[test]
+fn legacy_function_calls_stay_with_their_result() {
+    let mut caller = a("");
+    caller.content = Value::Null;
+    caller.set_extra("function_call", json!({"name": "f", "arguments": "{}"}));
+    let mut res = Message::new(Role::Function, "42");
+    res.set_name(Some("f".into()));
+    let h = [u("q"), caller, res.clone(), a("42 it is"), res, u("n")];
+    let sent = outbound(&h, &rules(), Limits::default()).messages;
+    assert_eq!(sent.len(), 5, "{sent:?}");
+    check(&sent, Roles::Any, true).unwrap();
+}
+
+#[test]
+fn check_names_what_an_upstream_refuses() {
+    assert!(check(&[a("x"), u("y")], Roles::Any, false).is_err());
+    assert!(check(&[a("x"), u("y")], Roles::Any, true).is_ok());
+    assert!(check(&[a("x"), u("y")], Roles::Alternate, true).is_err());
+    assert!(check(&[u("y"), call(Value::Null, &["c"])], Roles::Any, true).is_err());
+    assert!(check(&[u("y"), result("c")], Roles::Any, true).is_err());
+    assert!(check(&[u("y"), u("z")], Roles::Alternate, true).is_err());
+    assert!(check(&[u("y"), u("z")], Roles::Any, true).is_ok());
+}

@@ -1,0 +1,319 @@
+//! A streamed answer.
+//!
+//! While the client reads, the response body reads the upstream itself: a
+//! chunk is read, parsed and handed to hyper in one poll of the client's
+//! connection task, with no channel and no second task to wake. The
+//! exchange's task sleeps meanwhile. When the reply is cut (the client
+//! left, a barge-in, the interrupt endpoint, a shutdown), that task takes
+//! the reader from the body, even from a body the client no longer polls,
+//! and drains the rest of the upstream within the drain limits.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use sse_parse::SseParser;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{response, CutWatch, Exchange, Head, Timing};
+use crate::memory::session::Reply;
+use crate::metrics::Metrics;
+use crate::proxy::accumulate::Event;
+use crate::proxy::cut::CutWait;
+use crate::proxy::idle::BodyError;
+use crate::proxy::upstream::Upstream;
+use crate::store::StorageError;
+
+/// The largest SSE event taken from an upstream. A chat chunk is a few
+/// hundred bytes; without a cap, an upstream that never ends its event
+/// would grow the parser's buffer until the process ran out of memory.
+const MAX_EVENT_BYTES: usize = 8 << 20;
+
+/// Gives the client its streamed response, then waits for it to end. If the
+/// reply is cut first, drains the upstream.
+pub(super) async fn relay(
+    ex: &Exchange,
+    watch: &mut CutWatch,
+    resp: reqwest::Response,
+    status: StatusCode,
+    headers: HeaderMap,
+    respond: oneshot::Sender<Head>,
+    timing: Timing,
+) {
+    let reader = Arc::new(Mutex::new(Some(Reader::new(ex.upstream.body(resp)))));
+    let (body_gone, gone) = oneshot::channel::<()>();
+    let body = RelayBody {
+        reader: Arc::clone(&reader),
+        cut: ex.flight.cut_wait(),
+        flight: Arc::clone(&ex.flight),
+        upstream: Arc::clone(&ex.upstream),
+        metrics: Arc::clone(&ex.metrics),
+        called: timing.called,
+        first_token: true,
+        holding: None,
+        ended: false,
+        _gone: body_gone,
+    };
+    ex.responding(&timing, true);
+    // If the handler is gone, the body is dropped here and its guard fires.
+    let _ = respond.send(Ok(response(status, headers, Body::from_stream(body))));
+    tokio::select! {
+        _ = &mut watch.cut => {}
+        _ = gone => {}
+    }
+    if !ex.flight.is_cut() {
+        // The body ended the reply; dropping the reader here closes an
+        // upstream that is still open (after an error event, say).
+        return;
+    }
+    let Some(reader) = lock(&reader).take() else {
+        return;
+    };
+    drain(ex, watch, reader).await;
+}
+
+/// After a cut: reads on until the upstream ends or the drain limits are
+/// reached, for the record's `original`, or stops at once when configured
+/// to. Dropping the reader closes the upstream.
+async fn drain<S>(ex: &Exchange, watch: &mut CutWatch, mut reader: Reader<S>)
+where
+    S: Stream<Item = Result<Bytes, BodyError>> + Unpin,
+{
+    let flight = &ex.flight;
+    let mut drained = 0usize;
+    loop {
+        let step = watch
+            .run(std::future::poll_fn(|cx| reader.poll_step(cx, flight)))
+            .await;
+        match step {
+            None => return watch.stopped(),
+            Some(Step::Finished) => return flight.drained(false),
+            Some(Step::Chunk(bytes, events)) => {
+                flight.on_received(&events);
+                drained += bytes.len();
+                if drained >= ex.drain.drain_max_bytes {
+                    return flight.drained(false);
+                }
+            }
+            Some(Step::Broke(why, events)) => {
+                flight.on_received(&events);
+                tracing::warn!(upstream = %ex.upstream.name, error = %why, "upstream stream failed");
+                ex.metrics.upstream_error(&ex.upstream.name);
+                return flight.broke(&why);
+            }
+        }
+    }
+}
+
+/// The upstream's body and the SSE parser over it.
+struct Reader<S> {
+    body: S,
+    parser: SseParser,
+}
+
+/// What one read of the upstream gave.
+enum Step {
+    /// Bytes to relay as they are, and the events completed in them.
+    Chunk(Bytes, Vec<Event>),
+    /// The stream is over.
+    Finished,
+    /// The stream broke here: why, and the events received before the
+    /// break in this read (not to be relayed: their bytes hold the break).
+    Broke(String, Vec<Event>),
+}
+
+impl<S> Reader<S>
+where
+    S: Stream<Item = Result<Bytes, BodyError>> + Unpin,
+{
+    fn new(body: S) -> Self {
+        Self {
+            body,
+            parser: SseParser::new().max_buffer(MAX_EVENT_BYTES),
+        }
+    }
+
+    fn poll_step(&mut self, cx: &mut Context<'_>, flight: &Reply) -> Poll<Step> {
+        let bytes = match std::task::ready!(self.body.poll_next_unpin(cx)) {
+            None => return Poll::Ready(Step::Finished),
+            // A connection that fails after the reply's end lost nothing.
+            Some(Err(_)) if flight.received_complete() => return Poll::Ready(Step::Finished),
+            Some(Err(e)) => {
+                let why = format!("upstream stream broke off: {e}");
+                return Poll::Ready(Step::Broke(why, Vec::new()));
+            }
+            Some(Ok(bytes)) => bytes,
+        };
+        self.parser.feed(&bytes);
+        let mut events = Vec::new();
+        while let Some(event) = self.parser.next_event() {
+            events.push(Event::parse(&event.data));
+        }
+        if let Some(bad) = events.iter().position(|e| matches!(e, Event::Malformed)) {
+            // An event the client's SDK could not parse either.
+            events.truncate(bad);
+            let why = "upstream sent an event that is not JSON".to_owned();
+            return Poll::Ready(Step::Broke(why, events));
+        }
+        if self.parser.overflows() > 0 {
+            let why = format!(
+                "upstream sent an event larger than {} MiB",
+                MAX_EVENT_BYTES >> 20
+            );
+            return Poll::Ready(Step::Broke(why, events));
+        }
+        Poll::Ready(Step::Chunk(bytes, events))
+    }
+}
+
+/// The streamed response body. What it hands to the connection counts as
+/// relayed. The reply's end (`[DONE]`, or the end of the stream) settles it
+/// as complete and is held back until its record is durable. Dropped before
+/// the end (the client went away), it settles the reply as interrupted.
+struct RelayBody<S> {
+    /// Shared with the exchange's task, which takes it on a cut.
+    reader: Arc<Mutex<Option<Reader<S>>>>,
+    cut: CutWait,
+    flight: Arc<Reply>,
+    upstream: Arc<Upstream>,
+    metrics: Arc<Metrics>,
+    /// When the upstream was called, for the time to the first token.
+    called: Instant,
+    first_token: bool,
+    /// The end, waiting for its record to be durable: the last chunk (or
+    /// `None` for the end of the stream) and the durability future.
+    holding: Option<(Option<Bytes>, Durable)>,
+    ended: bool,
+    /// Dropped with the body: wakes the exchange's task.
+    _gone: oneshot::Sender<()>,
+}
+
+type Durable = Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>>;
+
+impl<S> RelayBody<S> {
+    /// Tells the client the stream broke, with an OpenAI-style error event
+    /// (which the SDKs raise as an exception), and records what went out
+    /// like an interruption, with the reason.
+    fn break_off(&mut self, why: &str) -> Poll<Option<Result<Bytes, std::io::Error>>> {
+        self.ended = true;
+        self.flight.broke(why);
+        let event = serde_json::json!({"error": {
+            "message": why, "type": "upstream_error", "param": null, "code": "stream_broken"}});
+        Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))))
+    }
+
+    /// The reply's end goes out once its record is durable.
+    fn hold_end(&mut self, last: Option<Bytes>) {
+        let durable = self.flight.delivered().boxed();
+        self.holding = Some((last, durable));
+    }
+
+    fn poll_held(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, std::io::Error>>> {
+        let Some((last, durable)) = self.holding.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let stored = std::task::ready!(durable.as_mut().poll(cx));
+        let last = last.take();
+        self.holding = None;
+        if let Err(e) = stored {
+            // The client must not be told the reply is complete when it
+            // was not stored: an error event instead.
+            tracing::error!(error = %e, "reply not stored; its end is not sent");
+            let event = serde_json::json!({"error": {
+                "message": format!("the reply could not be stored: {e}"),
+                "type": "server_error", "param": null, "code": "storage_unavailable"}});
+            self.ended = true;
+            return Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))));
+        }
+        if last.is_none() {
+            self.ended = true;
+        }
+        Poll::Ready(last.map(Ok))
+    }
+}
+
+impl<S> Stream for RelayBody<S>
+where
+    S: Stream<Item = Result<Bytes, BodyError>> + Unpin,
+{
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            if this.holding.is_some() {
+                return this.poll_held(cx);
+            }
+            if Pin::new(&mut this.cut).poll(cx).is_ready() {
+                this.ended = true;
+                return Poll::Ready(None);
+            }
+            // What a step read is accounted for under the reader's lock, so
+            // that a drain taking the reader over after a cut never
+            // accounts for a later chunk first.
+            let mut slot = lock(&this.reader);
+            let Some(reader) = slot.as_mut() else {
+                this.ended = true;
+                return Poll::Ready(None);
+            };
+            match std::task::ready!(reader.poll_step(cx, &this.flight)) {
+                Step::Chunk(bytes, events) => {
+                    this.flight.on_passed(&events);
+                    drop(slot);
+                    if this.first_token && events.iter().any(Event::carries_content) {
+                        this.first_token = false;
+                        this.metrics
+                            .first_token(&this.upstream.name, this.called.elapsed());
+                    }
+                    if !events.contains(&Event::Done) {
+                        return Poll::Ready(Some(Ok(bytes)));
+                    }
+                    this.hold_end(Some(bytes));
+                }
+                Step::Finished => {
+                    drop(slot);
+                    if !this.flight.relayed_complete() {
+                        return this
+                            .break_off("upstream stream ended before the reply was complete");
+                    }
+                    this.hold_end(None);
+                }
+                Step::Broke(why, events) => {
+                    this.flight.on_received(&events);
+                    // Nothing past a break is read, not even by a drain.
+                    *slot = None;
+                    drop(slot);
+                    tracing::warn!(upstream = %this.upstream.name, error = %why, "upstream stream failed");
+                    this.metrics.upstream_error(&this.upstream.name);
+                    if !this.flight.relayed_complete() {
+                        return this.break_off(&why);
+                    }
+                    // The client has had the reply's end: it lacks nothing.
+                    this.flight.broke(&why);
+                    this.hold_end(None);
+                }
+            }
+        }
+    }
+}
+
+impl<S> Drop for RelayBody<S> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.flight.client_gone();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,389 @@
+//! The LLM servers recall forwards to: routing by model, sending, and which
+//! headers cross in each direction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use bytes::Bytes;
+use futures_util::Stream;
+use wildmatch::WildMatch;
+
+use crate::config::UpstreamConfig;
+use crate::error::UpstreamError;
+use crate::proxy::gate::{Gate, Slot};
+use crate::proxy::idle::IdleLimit;
+use crate::proxy::mock::{MockKind, MockServer, Pace};
+use crate::proxy::vendor::VendorRules;
+
+/// Request headers a client sets that the upstream must see.
+const FORWARDED_REQUEST_HEADERS: &[&str] =
+    &["openai-organization", "openai-project", "openai-beta"];
+
+pub struct Upstream {
+    pub name: String,
+    pub rules: VendorRules,
+    /// Where a call that fails before its first byte is made once more.
+    pub fallback: Option<String>,
+    base_url: String,
+    /// `{base_url}/chat/completions`, parsed once: parsing it per request
+    /// (IDNA and all) was 1.6% of the proxy's CPU at full load.
+    chat_url: reqwest::Url,
+    /// `Bearer {key}`, marked sensitive so that it is never logged.
+    authorization: Option<HeaderValue>,
+    patterns: Vec<WildMatch>,
+    headers: HeaderMap,
+    timeout: Duration,
+    /// The longest silence allowed while reading an answer's body.
+    read_timeout: Duration,
+    /// One client (and so one connection pool) per serving thread, so
+    /// that a request's upstream connection lives on its own thread.
+    clients: Box<[reqwest::Client]>,
+    /// The built-in server this upstream calls, for a `mock://` base URL;
+    /// it lives as long as the upstream.
+    mock: Option<MockServer>,
+    /// `max_concurrent`, when set.
+    gate: Option<Arc<Gate>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{name}: {message}")]
+pub struct BuildError {
+    name: String,
+    message: String,
+}
+
+impl BuildError {
+    pub fn new(name: &str, e: impl std::fmt::Display) -> Self {
+        Self {
+            name: name.to_owned(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl Upstream {
+    /// Builds the upstream, and for a `mock://` base URL starts its mock
+    /// server first.
+    pub async fn start(c: &UpstreamConfig, threads: usize) -> Result<Self, BuildError> {
+        let fail = |message: String| BuildError::new(&format!("upstream `{}`", c.name), message);
+        let mock = match MockKind::from_base_url(&c.base_url) {
+            None => None,
+            Some(Err(e)) => return Err(fail(e.to_string())),
+            Some(Ok(kind)) => Some(
+                MockServer::start(kind, Pace::of(c))
+                    .await
+                    .map_err(|e| fail(format!("cannot start the mock upstream: {e}")))?,
+            ),
+        };
+        let clients = (0..threads.max(1))
+            .map(|_| {
+                let mut client = reqwest::Client::builder();
+                if mock.is_some() {
+                    // The mock is on loopback: an HTTP(S)_PROXY set for the
+                    // real upstreams must not carry it off the machine.
+                    client = client.no_proxy();
+                }
+                client
+                    .connect_timeout(Duration::from_secs(c.connect_timeout_secs))
+                    .user_agent(concat!("recall/", env!("CARGO_PKG_VERSION")))
+                    .build()
+                    .map_err(|e| fail(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut headers = HeaderMap::new();
+        for (k, v) in &c.headers {
+            let name = HeaderName::try_from(k.as_str()).map_err(|e| fail(e.to_string()))?;
+            let value = HeaderValue::try_from(v.as_str()).map_err(|e| fail(e.to_string()))?;
+            headers.insert(name, value);
+        }
+        let authorization = c
+            .api_key_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|k| !k.is_empty())
+            .map(|key| {
+                let mut v = HeaderValue::try_from(format!("Bearer {key}"))
+                    .map_err(|_| fail("the API key is not a valid header value".into()))?;
+                v.set_sensitive(true);
+                Ok(v)
+            })
+            .transpose()?;
+        let base_url = match &mock {
+            Some(server) => server.base_url(),
+            None => c.base_url.trim_end_matches('/').to_owned(),
+        };
+        let chat_url = reqwest::Url::parse(&format!("{base_url}/chat/completions"))
+            .map_err(|e| fail(format!("base_url: {e}")))?;
+        Ok(Self {
+            name: c.name.clone(),
+            rules: VendorRules::from_config(c),
+            fallback: c.fallback.clone(),
+            base_url,
+            chat_url,
+            authorization,
+            patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
+            headers,
+            timeout: Duration::from_secs(c.timeout_secs),
+            read_timeout: Duration::from_secs(c.read_timeout_secs),
+            clients,
+            mock,
+            gate: (c.max_concurrent > 0).then(|| Gate::new(c.max_concurrent)),
+        })
+    }
+
+    /// The URL requests go to: the configured one, or a mock's own.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The built-in server behind a `mock://` upstream, if this is one.
+    pub fn mock(&self) -> Option<&MockServer> {
+        self.mock.as_ref()
+    }
+
+    /// A slot for a live call under `max_concurrent` (none without a
+    /// limit), waited for in order within `timeout_secs`.
+    pub async fn slot(&self) -> Result<Option<Slot>, UpstreamError> {
+        let Some(gate) = &self.gate else {
+            return Ok(None);
+        };
+        tokio::time::timeout(self.timeout, gate.acquire())
+            .await
+            .map(Some)
+            .map_err(|_| UpstreamError::Busy {
+                upstream: self.name.clone(),
+                limit: gate.limit(),
+                secs: self.timeout.as_secs(),
+            })
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.patterns.iter().any(|p| p.matches(model))
+    }
+
+    /// Sends a request and waits for the response headers. `path` is relative
+    /// to the base URL, e.g. `/models`.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        client_headers: &HeaderMap,
+        body: Option<Bytes>,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let url = reqwest::Url::parse(&format!("{}{}", self.base_url, path)).map_err(|e| {
+            UpstreamError::Unreachable {
+                upstream: self.name.clone(),
+                reason: format!("bad URL: {e}"),
+            }
+        })?;
+        self.send_to(method, url, client_headers, body).await
+    }
+
+    /// Sends a chat completion request and waits for the response headers.
+    pub async fn send_chat(
+        &self,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let url = self.chat_url.clone();
+        self.send_to(Method::POST, url, client_headers, Some(body))
+            .await
+    }
+
+    async fn send_to(
+        &self,
+        method: Method,
+        url: reqwest::Url,
+        client_headers: &HeaderMap,
+        body: Option<Bytes>,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        // `clients` is never empty: `start` builds at least one.
+        let client = &self.clients[crate::server::threads::index() % self.clients.len()];
+        let mut req = client
+            .request(method, url)
+            .headers(self.request_headers(client_headers));
+        if let Some(body) = body {
+            req = req.header("content-type", "application/json").body(body);
+        }
+        match tokio::time::timeout(self.timeout, req.send()).await {
+            Err(_) => Err(self.timeout_error()),
+            Ok(Err(e)) if e.is_timeout() => Err(self.timeout_error()),
+            Ok(Err(e)) => Err(UpstreamError::Unreachable {
+                upstream: self.name.clone(),
+                reason: error_chain(&e),
+            }),
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+
+    /// The answer's body, ending in an error once the upstream has been
+    /// silent for `read_timeout_secs`.
+    pub fn body(
+        &self,
+        resp: reqwest::Response,
+    ) -> IdleLimit<impl Stream<Item = reqwest::Result<Bytes>> + Unpin> {
+        IdleLimit::new(resp.bytes_stream(), self.read_timeout)
+    }
+
+    pub fn timeout_error(&self) -> UpstreamError {
+        UpstreamError::Timeout {
+            upstream: self.name.clone(),
+            secs: self.timeout.as_secs(),
+        }
+    }
+
+    fn request_headers(&self, client: &HeaderMap) -> HeaderMap {
+        let mut out = self.headers.clone();
+        match &self.authorization {
+            Some(v) => {
+                out.insert("authorization", v.clone());
+            }
+            None => {
+                if let Some(v) = client.get("authorization") {
+                    out.insert("authorization", v.clone());
+                }
+            }
+        }
+        for name in FORWARDED_REQUEST_HEADERS {
+            if let Some(v) = client.get(*name) {
+                out.insert(*name, v.clone());
+            }
+        }
+        out
+    }
+}
+
+/// Response headers relayed to the client: the ones the OpenAI SDKs and
+/// agents read (request id, rate limits, retry hints, processing time).
+pub fn relayed_response_headers(upstream: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, value) in upstream {
+        let n = name.as_str();
+        if n == "x-request-id" {
+            // recall's own request id takes this name on the response.
+            out.append("x-upstream-request-id", value.clone());
+        } else if n == "content-type"
+            || n == "retry-after"
+            || n == "retry-after-ms"
+            || n == "x-should-retry"
+            || n.starts_with("openai-")
+            || n.starts_with("x-ratelimit-")
+        {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// reqwest's top-level message hides the cause ("error sending request");
+/// the chain says what actually happened (connection refused, DNS, TLS).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// All configured upstreams, in config order.
+pub struct Upstreams {
+    list: Vec<Arc<Upstream>>,
+}
+
+impl Upstreams {
+    /// Builds every upstream, starting the mock servers of `mock://` ones;
+    /// must be called inside a tokio runtime.
+    pub async fn start(configs: &[UpstreamConfig], threads: usize) -> Result<Self, BuildError> {
+        let mut list = Vec::with_capacity(configs.len());
+        for c in configs {
+            list.push(Arc::new(Upstream::start(c, threads).await?));
+        }
+        Ok(Self { list })
+    }
+
+    /// The first upstream whose model patterns match.
+    pub fn route(&self, model: &str) -> Option<&Arc<Upstream>> {
+        self.list.iter().find(|u| u.serves(model))
+    }
+
+    pub fn first(&self) -> Option<&Arc<Upstream>> {
+        self.list.first()
+    }
+
+    /// The upstream a failed call to `u` is made once more on.
+    pub fn fallback_of(&self, u: &Upstream) -> Option<&Arc<Upstream>> {
+        let name = u.fallback.as_deref()?;
+        self.list.iter().find(|o| o.name == name)
+    }
+
+    /// In config order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.list.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(name: &str, models: &[&str]) -> UpstreamConfig {
+        let text = format!(
+            "name = {name:?}\nbase_url = \"http://127.0.0.1:9/v1/\"\nmodels = {models:?}\n"
+        );
+        toml::from_str(&text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn first_matching_pattern_wins() {
+        let ups = Upstreams::start(
+            &[
+                upstream("local", &["llama-*", "qwen?"]),
+                upstream("openai", &["*"]),
+            ],
+            1,
+        )
+        .await
+        .unwrap();
+        assert_eq!(ups.route("llama-3").unwrap().name, "local");
+        assert_eq!(ups.route("qwen2").unwrap().name, "local");
+        assert_eq!(ups.route("qwen25").unwrap().name, "openai");
+        let only = Upstreams::start(&[upstream("local", &["llama-*"])], 1)
+            .await
+            .unwrap();
+        assert!(only.route("gpt-4o").is_none());
+    }
+
+    #[test]
+    fn relays_only_client_relevant_headers() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("x-request-id", "r1"),
+            ("openai-processing-ms", "5"),
+            ("x-ratelimit-remaining-tokens", "9"),
+            ("retry-after", "1"),
+            ("content-type", "text/event-stream"),
+            ("content-length", "10"),
+            ("set-cookie", "a=b"),
+            ("connection", "close"),
+        ] {
+            h.insert(k, HeaderValue::from_static(v));
+        }
+        let out = relayed_response_headers(&h);
+        let mut names: Vec<_> = out.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "openai-processing-ms",
+                "retry-after",
+                "x-ratelimit-remaining-tokens",
+                "x-upstream-request-id"
+            ]
+        );
+    }
+}

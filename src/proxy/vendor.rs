@@ -1,0 +1,256 @@
+//! The body that goes upstream: instructions first, then the window of
+//! history, then every other field of the client's body, rewritten for the
+//! upstream's vendor mode.
+//!
+//! Vendor "custom" receives everything (as seed 000's custom example shows):
+//! each message with its `turn_id`, `timestamp` and `metadata`, and the
+//! body with top-level `turn_id`, `timestamp` and `interruptable`. Any other
+//! vendor receives only what OpenAI's API accepts.
+
+use std::borrow::Borrow;
+
+use serde_json::{Map, Value};
+
+use crate::config::{InterruptedRendering, Roles, UpstreamConfig};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+
+use crate::memory::message::Message;
+
+/// What a vendor mode decides, taken from an upstream's config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VendorRules {
+    pub custom: bool,
+    pub interruptable: bool,
+    pub strip_fields: Vec<String>,
+    pub interrupted: InterruptedRendering,
+    pub interrupted_marker: String,
+    pub roles: Roles,
+}
+
+impl VendorRules {
+    /// Whether `render::outbound` gives both the same messages (it reads
+    /// only these fields).
+    pub fn renders_like(&self, other: &VendorRules) -> bool {
+        self.custom == other.custom
+            && self.interrupted == other.interrupted
+            && self.interrupted_marker == other.interrupted_marker
+            && self.roles == other.roles
+    }
+
+    pub fn from_config(u: &UpstreamConfig) -> Self {
+        Self {
+            custom: u.is_custom(),
+            interruptable: u.interruptable,
+            strip_fields: u.strip_fields.clone(),
+            interrupted: u.interrupted,
+            interrupted_marker: u.interrupted_marker.clone(),
+            roles: u.roles,
+        }
+    }
+}
+
+/// What the session knows about the turn being sent, if there is a session.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnInfo {
+    pub turn_id: u64,
+}
+
+/// The upstream body, serialised: the client's `body` with its messages
+/// replaced by `instructions` and `history` (the window, as
+/// `render::outbound` made it for this upstream), rewritten for the vendor
+/// mode. Written straight out, field by field: no message is
+/// copied into an intermediate JSON value.
+pub fn rewrite<H: Borrow<Message>>(
+    rules: &VendorRules,
+    body: &Map<String, Value>,
+    instructions: &[Message],
+    history: &[H],
+    turn: Option<TurnInfo>,
+    now_ms: i64,
+) -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&UpstreamBody {
+        rules,
+        body,
+        instructions,
+        history,
+        turn,
+        now_ms,
+    })
+}
+
+struct UpstreamBody<'a, H> {
+    rules: &'a VendorRules,
+    body: &'a Map<String, Value>,
+    instructions: &'a [Message],
+    history: &'a [H],
+    turn: Option<TurnInfo>,
+    now_ms: i64,
+}
+
+impl<H: Borrow<Message>> UpstreamBody<'_, H> {
+    /// Whether a field of the client's body is left out.
+    fn drops(&self, key: &str) -> bool {
+        // In custom mode these are recall's own, written below (the
+        // client's turn_id stays when there is no session turn to send).
+        let ours = match key {
+            "session_id" => !self.rules.custom,
+            "turn_id" => !self.rules.custom || self.turn.is_some(),
+            "timestamp" | "interruptable" => true,
+            _ => false,
+        };
+        ours || self.stripped(key)
+    }
+
+    fn stripped(&self, key: &str) -> bool {
+        self.rules.strip_fields.iter().any(|f| f == key)
+    }
+}
+
+impl<H: Borrow<Message>> Serialize for UpstreamBody<'_, H> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        let mut wrote_messages = false;
+        for (key, value) in self.body {
+            if key == "messages" {
+                map.serialize_entry("messages", &Messages(self))?;
+                wrote_messages = true;
+            } else if !self.drops(key) {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        if !wrote_messages {
+            map.serialize_entry("messages", &Messages(self))?;
+        }
+        if self.rules.custom {
+            if let (Some(t), false) = (self.turn, self.stripped("turn_id")) {
+                map.serialize_entry("turn_id", &t.turn_id)?;
+            }
+            if !self.stripped("timestamp") {
+                map.serialize_entry("timestamp", &self.now_ms)?;
+            }
+            if !self.stripped("interruptable") {
+                map.serialize_entry("interruptable", &self.rules.interruptable)?;
+            }
+        }
+        map.end()
+    }
+}
+
+struct Messages<'b, 'a, H>(&'b UpstreamBody<'a, H>);
+
+impl<H: Borrow<Message>> Serialize for Messages<'_, '_, H> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let b = self.0;
+        let rules = b.rules;
+        let mut seq = serializer.serialize_seq(None)?;
+        for m in b.instructions {
+            seq.serialize_element(&View(m, rules.custom))?;
+        }
+        for m in b.history {
+            seq.serialize_element(&View(m.borrow(), rules.custom))?;
+        }
+        seq.end()
+    }
+}
+
+/// A message as a vendor mode shows it: whole for "custom", else only
+/// OpenAI's fields.
+struct View<'a>(&'a Message, bool);
+
+impl Serialize for View<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let View(m, custom) = *self;
+        if custom {
+            return m.serialize(serializer);
+        }
+        let mut map = serializer.serialize_map(None)?;
+        m.serialize_openai_fields(&mut map)?;
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::message::Role;
+    use serde_json::json;
+
+    fn rules(custom: bool) -> VendorRules {
+        VendorRules {
+            custom,
+            interruptable: true,
+            strip_fields: vec!["x_debug".into()],
+            interrupted: InterruptedRendering::Annotated,
+            interrupted_marker: " [cut]".into(),
+            roles: Roles::Any,
+        }
+    }
+
+    fn history() -> Vec<Message> {
+        let mut m = Message::new(Role::User, "hi");
+        m.turn_id = Some(2);
+        m.timestamp = Some(10);
+        m.metadata_mut().insert("source", json!("asr"));
+        m.set_extra("x_field", json!(1));
+        vec![m]
+    }
+
+    fn body() -> Map<String, Value> {
+        json!({"model": "m", "messages": [], "temperature": 0.2, "session_id": "s",
+               "turn_id": 9, "timestamp": 1, "interruptable": false, "metadata": {"k": "v"},
+               "user": "u", "store": true, "x_debug": 1, "x_unknown": 2})
+        .as_object()
+        .cloned()
+        .unwrap()
+    }
+
+    fn sent(
+        rules: &VendorRules,
+        sys: &[Message],
+        history: &[Message],
+        turn: Option<TurnInfo>,
+    ) -> Value {
+        serde_json::from_slice(&rewrite(rules, &body(), sys, history, turn, 5).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn openai_mode_sends_only_openai_fields() {
+        let sys = [Message::new(Role::System, "be brief")];
+        let b = sent(
+            &rules(false),
+            &sys,
+            &history(),
+            Some(TurnInfo { turn_id: 2 }),
+        );
+        assert_eq!(
+            b,
+            json!({"model": "m",
+                   "messages": [{"role": "system", "content": "be brief"},
+                                {"role": "user", "content": "hi"}],
+                   "temperature": 0.2, "metadata": {"k": "v"}, "user": "u", "store": true,
+                   "x_unknown": 2})
+        );
+    }
+
+    #[test]
+    fn custom_mode_forwards_everything_and_adds_turn_fields() {
+        let sys = [Message::new(Role::System, "be brief")];
+        let b = sent(
+            &rules(true),
+            &sys,
+            &history(),
+            Some(TurnInfo { turn_id: 2 }),
+        );
+        assert_eq!(
+            b,
+            json!({"model": "m",
+                   "messages": [{"role": "system", "content": "be brief"},
+                                {"role": "user", "content": "hi", "turn_id": 2, "timestamp": 10,
+                                 "metadata": {"source": "asr"}, "x_field": 1}],
+                   "temperature": 0.2, "session_id": "s", "turn_id": 2, "timestamp": 5,
+                   "interruptable": true, "metadata": {"k": "v"}, "user": "u", "store": true,
+                   "x_unknown": 2})
+        );
+    }
+}

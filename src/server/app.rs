@@ -1,0 +1,247 @@
+//! The application: shared state, the router with its layers, and serving.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::auth::{Access, ClientKeys};
+use crate::config::Config;
+use crate::error::{ApiError, RequestError};
+use crate::memory::message::{Message, Role};
+use crate::memory::session::{Policy, Store};
+use crate::metrics::{Cause, Metrics};
+use crate::proxy::cache::AnswerCache;
+use crate::proxy::upstream::{BuildError, Upstreams};
+use crate::server::threads::Pool;
+use crate::store::Storage;
+use crate::webhook::{LogOnly, Notifier, Webhook};
+
+pub struct App {
+    pub config: Config,
+    pub sessions: Store,
+    pub upstreams: Upstreams,
+    pub metrics: Arc<Metrics>,
+    pub policy: Arc<Policy>,
+    pub notifier: Arc<dyn Notifier>,
+    pub cache: Option<AnswerCache>,
+    /// The bearer token the session API requires, if one is configured.
+    pub admin_token: Option<String>,
+    /// The client keys chat requests require, if configured (`auth`).
+    pub client_keys: Option<ClientKeys>,
+    /// One permit per upstream call in flight (`max_concurrent_upstream`).
+    pub upstream_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Wakes the sweeper early, when a new session goes over `max_sessions`.
+    pub sweep_now: Arc<Notify>,
+    /// The configured `[[system_messages]]`, ready to send.
+    pub instructions: Vec<Message>,
+}
+
+impl App {
+    /// Builds the application; starts the webhook's delivery task, so it
+    /// must be called inside a tokio runtime.
+    pub async fn new(config: Config) -> Result<Arc<Self>, BuildError> {
+        let metrics = Arc::new(Metrics::default());
+        let storage = Storage::open(&config.storage, &metrics)
+            .await
+            .map_err(|e| BuildError::new("storage", e))?;
+        let storage: Arc<Storage> = storage;
+        let upstreams =
+            Upstreams::start(&config.upstreams, config.server.serving_threads()).await?;
+        metrics.preset_upstreams(config.upstreams.iter().map(|u| u.name.as_str()));
+        let instructions = config
+            .system_messages
+            .iter()
+            .map(|s| {
+                // The config's roles were checked when it was loaded.
+                let role = Role::parse(&s.role).unwrap_or(Role::System);
+                let mut m = Message::new(role, s.content.as_str());
+                m.set_name(s.name.clone());
+                m
+            })
+            .collect();
+        let notifier: Arc<dyn Notifier> = match &config.webhook.url {
+            Some(url) => Webhook::start(
+                &config.webhook,
+                url,
+                Arc::clone(&storage),
+                Arc::clone(&metrics),
+            )
+            .map_err(|e| BuildError::new("webhook", e))?,
+            None => Arc::new(LogOnly),
+        };
+        let policy = Arc::new(Policy {
+            history: config.history.clone(),
+            on_new_request: config.interruption.on_new_request,
+            metrics: Arc::clone(&metrics),
+            notifier: Arc::clone(&notifier),
+            storage,
+            clock: crate::clock::Clock::System,
+        });
+        let admin_token = config
+            .admin
+            .token_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|t| !t.is_empty());
+        let client_keys = ClientKeys::load(&config.auth).map_err(|e| BuildError::new("auth", e))?;
+        if admin_token.is_none() && client_keys.is_none() {
+            tracing::warn!("the /v1/sessions API is open: set [admin] token_env to protect it");
+        }
+        let limit = config.server.max_concurrent_upstream;
+        let upstream_slots = (limit > 0).then(|| Arc::new(tokio::sync::Semaphore::new(limit)));
+        let app = Arc::new(Self {
+            cache: AnswerCache::new(&config.cache),
+            config,
+            sessions: Store::default(),
+            upstreams,
+            metrics,
+            policy,
+            notifier,
+            admin_token,
+            client_keys,
+            upstream_slots,
+            sweep_now: Arc::new(Notify::new()),
+            instructions,
+        });
+        // Another replica asks for this one's reply in flight to stop.
+        let weak = Arc::downgrade(&app);
+        app.policy.storage.on_interrupt(Box::new(move |id| {
+            if let Some(app) = weak.upgrade() {
+                if let Some(session) = app.sessions.get(id) {
+                    session.cut_in_flight(&app.policy, Cause::Replica);
+                }
+            }
+        }));
+        Ok(app)
+    }
+}
+
+impl App {
+    /// Whose sessions a chat request reaches: without client keys, all;
+    /// with them, its key's own, and no key is a 401.
+    pub fn client_access(&self, headers: &axum::http::HeaderMap) -> Result<Access, ApiError> {
+        match &self.client_keys {
+            None => Ok(Access::All),
+            Some(keys) => keys
+                .tenant(headers)
+                .map(Access::Tenant)
+                .ok_or_else(|| RequestError::NoClientKey.into()),
+        }
+    }
+
+    /// A slot for one upstream call, held until its exchange ends (drain
+    /// included); none free is a 503 before anything is stored.
+    pub fn upstream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+        match &self.upstream_slots {
+            None => Ok(None),
+            Some(slots) => Arc::clone(slots)
+                .try_acquire_owned()
+                .map(Some)
+                .map_err(|_| ApiError::Overloaded {
+                    limit: self.config.server.max_concurrent_upstream,
+                }),
+        }
+    }
+
+    /// A new session was created: past `max_sessions`, wake the sweeper
+    /// rather than wait for its next round.
+    pub fn session_created(&self) {
+        if self.sessions.len() > self.config.session.max_sessions {
+            self.sweep_now.notify_one();
+        }
+    }
+}
+
+/// The router. Every request passes through `api::observe` (request id,
+/// span, log line, metrics) once it is routed, so that it knows the route.
+pub fn router(app: Arc<App>) -> Router {
+    crate::api::routes(&app).with_state(app)
+}
+
+/// Serves until `shutdown` resolves, on `[server] worker_threads` threads:
+/// this runtime's, which accepts, and one runtime per further thread
+/// (`threads`).
+/// Then: stop accepting, let replies in flight finish for up to
+/// `shutdown_grace_secs`, record the rest as interrupted, hand memory that
+/// would be lost to the webhook, flush storage and the webhook queue.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let stopping = CancellationToken::new();
+    let mut pool = Pool::start(
+        app.config.server.serving_threads() - 1,
+        || router(Arc::clone(&app)),
+        listener.local_addr()?,
+        &stopping,
+    )?;
+    let sweeper = tokio::spawn(crate::memory::lifecycle::sweeper(
+        Arc::clone(&app),
+        Arc::clone(&app.sweep_now),
+    ));
+    let graceful = {
+        let stopping = stopping.clone();
+        async move {
+            shutdown.await;
+            stopping.cancel();
+        }
+    };
+    let enforcer = {
+        let app = Arc::clone(&app);
+        let stopping = stopping.clone();
+        tokio::spawn(async move {
+            stopping.cancelled().await;
+            let grace = Duration::from_secs(app.config.server.shutdown_grace_secs);
+            tracing::info!(?grace, "shutting down: finishing replies in flight");
+            tokio::time::sleep(grace).await;
+            let cut = app.interrupt_all();
+            tracing::warn!(
+                replies = cut,
+                "shutdown grace over: replies in flight recorded as interrupted"
+            );
+        })
+    };
+    let here = axum::serve(pool.dispatch(listener), router(Arc::clone(&app)))
+        .with_graceful_shutdown(graceful)
+        .await;
+    let elsewhere = pool.served().await;
+    // An interrupt_all already under way finishes (and queues its records)
+    // before the final flush.
+    enforcer.abort();
+    let _ = enforcer.await;
+    sweeper.abort();
+    app.wind_down().await;
+    pool.join().await;
+    here.and(elsewhere)
+}
+
+impl App {
+    /// Cuts off every reply in flight, recording each as interrupted.
+    pub fn interrupt_all(&self) -> usize {
+        self.sessions
+            .all()
+            .iter()
+            .filter(|s| s.cut_in_flight(&self.policy, Cause::Shutdown))
+            .count()
+    }
+
+    /// The last steps of a shutdown: end sessions that would be lost, then
+    /// make storage durable and give the webhook a last chance.
+    pub async fn wind_down(&self) {
+        crate::memory::lifecycle::end_all(self).await;
+        if let Err(e) = self.policy.storage.flush().await {
+            tracing::error!(error = %e, "storage flush at shutdown failed");
+        }
+        self.notifier.drain(WEBHOOK_DRAIN).await;
+        tracing::info!("shut down cleanly");
+    }
+}
+
+/// How long a shutdown waits for webhook deliveries still under way.
+const WEBHOOK_DRAIN: Duration = Duration::from_secs(10);

@@ -1,0 +1,361 @@
+//! Durable memory behind the in-process working set.
+//!
+//! Sessions change in memory, under their own lock, and every change is
+//! also sent here as a list of `Op`s, in order. A backend's writer applies
+//! them in batches (one transaction, one sync, many messages: group
+//! commit), so the request path never waits on a disk sync per message.
+//! What a client is about to be told waits on the `Ticket` of the change it
+//! depends on: a user message is durable before its upstream call, a reply
+//! before its `[DONE]` or body is released.
+
+pub mod redis;
+pub mod sqlite;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::config::{StorageBackend, StorageConfig};
+use crate::memory::message::Message;
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    #[error("cannot create {path}: {source}")]
+    Dir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+    #[error("the storage writer has stopped")]
+    Stopped,
+    #[error("storage task failed: {0}")]
+    Task(String),
+}
+
+/// Everything about a session but its messages.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub created_ms: i64,
+    pub last_active_ms: i64,
+    pub turn_id: u64,
+    /// Sequence number of the oldest stored message.
+    pub first_seq: u64,
+    pub users: Vec<String>,
+    pub system_messages: Vec<Message>,
+}
+
+/// A session as read back from storage.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub meta: Meta,
+    pub messages: Vec<Message>,
+}
+
+/// A session in a listing, without its messages.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub id: String,
+    pub meta: Meta,
+    pub message_count: usize,
+}
+
+/// One change to a session, applied in order.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Creates the session or replaces its meta.
+    Save { id: String, meta: Meta },
+    /// Updates the fields of a saved session's meta that move with its
+    /// turns, leaving its users and system messages as they are.
+    Touch {
+        id: String,
+        last_active_ms: i64,
+        turn_id: u64,
+        first_seq: u64,
+    },
+    /// Stores a new message under its sequence number.
+    Push {
+        id: String,
+        seq: u64,
+        message: Arc<Message>,
+    },
+    /// Replaces a stored message.
+    Set {
+        id: String,
+        seq: u64,
+        message: Arc<Message>,
+    },
+    /// Drops messages older than `seq` (the oldest was `from`).
+    DropBefore { id: String, from: u64, seq: u64 },
+    /// Drops every message.
+    Clear { id: String },
+    /// Forgets the session (and that these users spoke in it).
+    Delete { id: String, users: Vec<String> },
+    /// Gives up a session's lease (shared storage only), after the writes
+    /// queued before it.
+    Release { id: String, token: String },
+    /// Keeps a webhook event that could not be delivered, to try again
+    /// after a restart.
+    KeepEvent { id: String, body: String },
+    /// Forgets a kept event (delivered at last).
+    ForgetEvent { id: String },
+}
+
+/// Resolves when the ops it was issued for are durable (or failed).
+#[derive(Debug, Default)]
+pub struct Ticket(Vec<oneshot::Receiver<Result<(), String>>>);
+
+impl Ticket {
+    pub fn ready() -> Self {
+        Ticket(Vec::new())
+    }
+
+    pub(crate) fn pending(rx: oneshot::Receiver<Result<(), String>>) -> Self {
+        Ticket(vec![rx])
+    }
+
+    /// Resolves when both are durable.
+    pub fn and(mut self, other: Ticket) -> Self {
+        self.0.extend(other.0);
+        self
+    }
+
+    pub async fn durable(self) -> Result<(), StorageError> {
+        for rx in self.0 {
+            match rx.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(StorageError::Task(e)),
+                Err(_) => return Err(StorageError::Stopped),
+            }
+        }
+        Ok(())
+    }
+
+    /// The same, as a boxed future a hand-written `Stream` can poll.
+    pub fn boxed(self) -> Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>> {
+        Box::pin(self.durable())
+    }
+}
+
+/// A batch of ops and whom to tell when it is durable.
+pub(crate) struct Batch {
+    pub ops: Vec<Op>,
+    pub done: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+/// A writer's round: `first` and whatever else has queued up behind it,
+/// up to about `max_ops` ops (group commit).
+pub(crate) fn gather(
+    first: Batch,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Batch>,
+    max_ops: usize,
+) -> (Vec<Batch>, usize) {
+    let mut ops = first.ops.len();
+    let mut batches = vec![first];
+    while ops < max_ops {
+        match rx.try_recv() {
+            Ok(b) => {
+                ops += b.ops.len();
+                batches.push(b);
+            }
+            Err(_) => break,
+        }
+    }
+    (batches, ops)
+}
+
+/// Tells every waiter of a round how it went.
+pub(crate) fn settle(batches: Vec<Batch>, result: &Result<(), String>) {
+    for b in batches {
+        if let Some(done) = b.done {
+            let _ = done.send(result.clone());
+        }
+    }
+}
+
+pub enum Storage {
+    /// Nothing survives a restart.
+    Memory,
+    Sqlite(sqlite::Sqlite),
+    /// Shared by several replicas.
+    Redis(redis::Redis),
+}
+
+pub use self::redis::Wait;
+
+/// The right to change a session: with shared storage, its lease; with a
+/// process of its own, nothing (the session's own lock is enough).
+#[derive(Debug)]
+pub struct Claim(Option<redis::Lease>);
+
+impl Storage {
+    /// Opens the configured backend; its writer reports each group
+    /// commit's duration to `metrics`.
+    pub async fn open(
+        config: &StorageConfig,
+        metrics: &Metrics,
+    ) -> Result<Arc<Self>, StorageError> {
+        Ok(Arc::new(match config.backend {
+            StorageBackend::Memory => Storage::Memory,
+            StorageBackend::Sqlite => Storage::Sqlite(
+                sqlite::Sqlite::open(config, metrics.storage_writes("sqlite")).await?,
+            ),
+            StorageBackend::Redis => {
+                Storage::Redis(redis::Redis::open(config, metrics.storage_writes("redis")).await?)
+            }
+        }))
+    }
+
+    /// Whether sessions live beyond this process (and so are looked up,
+    /// listed and expired through the backend).
+    pub fn persistent(&self) -> bool {
+        !matches!(self, Storage::Memory)
+    }
+
+    /// Whether other processes share these sessions.
+    pub fn shared(&self) -> bool {
+        matches!(self, Storage::Redis(_))
+    }
+
+    /// Queues ops; the ticket resolves when they are durable.
+    pub fn submit(&self, ops: Vec<Op>) -> Ticket {
+        match self {
+            Storage::Memory => Ticket::ready(),
+            Storage::Sqlite(s) => s.submit(ops),
+            Storage::Redis(r) => r.submit(ops),
+        }
+    }
+
+    /// Takes the right to change session `id`. `None` when another replica
+    /// holds it (after asking it to stop, if `wait` says so).
+    pub async fn claim(&self, id: &str, wait: Wait) -> Result<Option<Claim>, StorageError> {
+        match self {
+            Storage::Redis(r) => Ok(r.claim(id, wait).await?.map(|l| Claim(Some(l)))),
+            _ => Ok(Some(Claim(None))),
+        }
+    }
+
+    /// Gives a claim up once the writes queued before it are done.
+    pub fn release(&self, claim: Claim) -> Ticket {
+        match claim.0 {
+            Some(lease) => {
+                let op = Op::Release {
+                    id: lease.id.clone(),
+                    token: lease.token.clone(),
+                };
+                self.submit(vec![op])
+            }
+            None => Ticket::ready(),
+        }
+    }
+
+    /// Whether the local copy of a session is current. Only shared storage
+    /// can change behind this process's back.
+    pub async fn is_fresh(&self, id: &str) -> Result<bool, StorageError> {
+        match self {
+            Storage::Redis(r) => r.is_fresh(id).await,
+            _ => Ok(true),
+        }
+    }
+
+    /// What to do when another replica asks this one to interrupt a reply.
+    pub fn on_interrupt(&self, f: redis::OnInterrupt) {
+        if let Storage::Redis(r) = self {
+            r.on_interrupt(f);
+        }
+    }
+
+    /// Resolves when everything submitted so far is durable.
+    pub async fn flush(&self) -> Result<(), StorageError> {
+        self.submit(Vec::new()).durable().await
+    }
+
+    /// Reads a session back. Waits for queued writes first, so that a
+    /// session ended a moment ago is not read back to life.
+    pub async fn load(&self, id: &str) -> Result<Option<Loaded>, StorageError> {
+        match self {
+            Storage::Memory => Ok(None),
+            Storage::Sqlite(s) => {
+                self.flush().await?;
+                s.load(id).await
+            }
+            Storage::Redis(r) => {
+                self.flush().await?;
+                r.load(id).await
+            }
+        }
+    }
+
+    /// Sessions in id order after `after`, at most `limit`, optionally only
+    /// those `user` spoke in.
+    pub async fn list(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        user: Option<&str>,
+    ) -> Result<Vec<Listed>, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(Vec::new()),
+            Storage::Sqlite(s) => s.list(after, limit, user).await,
+            Storage::Redis(r) => r.list(after, limit, user).await,
+        }
+    }
+
+    pub async fn count(&self) -> Result<usize, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(0),
+            Storage::Sqlite(s) => s.count().await,
+            Storage::Redis(r) => r.count().await,
+        }
+    }
+
+    /// Ids of sessions last active before `cutoff_ms`, oldest first.
+    pub async fn idle(&self, cutoff_ms: i64, limit: usize) -> Result<Vec<String>, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(Vec::new()),
+            Storage::Sqlite(s) => s.idle(cutoff_ms, limit).await,
+            Storage::Redis(r) => r.idle(cutoff_ms, limit).await,
+        }
+    }
+
+    /// Webhook events kept undelivered: their ids and bodies.
+    pub async fn kept_events(&self) -> Result<Vec<(String, String)>, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(Vec::new()),
+            Storage::Sqlite(s) => s.kept_events().await,
+            Storage::Redis(r) => r.kept_events().await,
+        }
+    }
+
+    /// Claims a kept event for redelivery: `false` if another replica
+    /// took it first.
+    pub async fn take_kept_event(&self, id: &str) -> Result<bool, StorageError> {
+        match self {
+            Storage::Redis(r) => r.take_kept_event(id).await,
+            // One process: nobody else takes it; it is forgotten once sent.
+            _ => Ok(true),
+        }
+    }
+
+    /// Ids of the `n` least recently active sessions, oldest first.
+    pub async fn least_active(&self, n: usize) -> Result<Vec<String>, StorageError> {
+        self.flush().await?;
+        match self {
+            Storage::Memory => Ok(Vec::new()),
+            Storage::Sqlite(s) => s.idle(i64::MAX, n).await,
+            Storage::Redis(r) => r.idle(i64::MAX, n).await,
+        }
+    }
+}

@@ -1,0 +1,619 @@
+//! Redis: memory shared by several recall replicas behind any load
+//! balancer.
+//!
+//! Keys, under the configured prefix `P`:
+//! - `P:s:{id}`: hash, the session's meta and a `version` that every write
+//!   batch bumps;
+//! - `P:m:{id}`: hash, message JSON by sequence number;
+//! - `P:ids`: sorted set of all ids (score 0, listed in id order);
+//! - `P:active`: sorted set of ids by last activity (expiry, eviction);
+//! - `P:u:{user}`: set of the ids a user spoke in;
+//! - `P:lease:{id}`: which replica holds the session's turn, with expiry;
+//! - channel `P:interrupt`: "stop your reply in flight for this id".
+//!
+//! A replica takes a session's lease before it changes the session, renews
+//! it while the turn runs, and gives it up after the turn's record is
+//! written (in the same ordered write queue), so one session's turns are
+//! serialised across replicas. A replica that dies stops renewing: its
+//! lease lapses after `lease_ms`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use futures_util::StreamExt;
+use prometheus_client::metrics::histogram::Histogram;
+use redis::aio::ConnectionManager;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::{Batch, Listed, Loaded, Meta, Op, StorageError, Ticket};
+use crate::config::StorageConfig;
+use crate::memory::message::Message;
+
+/// Batches larger than this are split, to bound one transaction's size.
+const MAX_BATCH_OPS: usize = 2048;
+/// How often a waiting replica tries to take a lease.
+const CLAIM_POLL: Duration = Duration::from_millis(10);
+
+const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+const RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+const SET_IF_STORED: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return 0";
+const BUMP: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HINCRBY', KEYS[1], 'version', 1) else return 0 end";
+
+/// Called with a session id when another replica asks this one to stop
+/// the reply it has in flight for that session.
+pub type OnInterrupt = Box<dyn Fn(&str) + Send + Sync>;
+
+pub struct Redis {
+    prefix: String,
+    conn: ConnectionManager,
+    tx: mpsc::UnboundedSender<Batch>,
+    /// The version of each session this replica last read or wrote; a
+    /// different version in Redis means another replica changed it.
+    known: Arc<DashMap<String, u64>>,
+    lease_ms: u64,
+    replica: String,
+    next_token: AtomicU64,
+    on_interrupt: Arc<OnceLock<OnInterrupt>>,
+}
+
+/// A session's lease, held by this replica. Dropping it stops the renewal;
+/// `Storage::release` gives it up once earlier writes are done.
+#[derive(Debug)]
+pub struct Lease {
+    pub(super) id: String,
+    pub(super) token: String,
+    renewal: CancellationToken,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.renewal.cancel();
+    }
+}
+
+/// How a claim waits when another turn holds the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Not at all.
+    No,
+    /// Ask the holder to interrupt its reply, then wait for it.
+    Interrupt,
+    /// Wait for the holder to finish its turn.
+    Patiently,
+}
+
+impl Redis {
+    pub async fn open(config: &StorageConfig, writes: Histogram) -> Result<Self, StorageError> {
+        let url = config.url.clone().unwrap_or_default();
+        let client = redis::Client::open(url.as_str())?;
+        let conn = client.get_connection_manager().await?;
+        let prefix = config.key_prefix.clone();
+        let known = Arc::new(DashMap::new());
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(
+            conn.clone(),
+            prefix.clone(),
+            Arc::clone(&known),
+            rx,
+            writes,
+        ));
+        let on_interrupt: Arc<OnceLock<OnInterrupt>> = Arc::new(OnceLock::new());
+        tokio::spawn(listen(
+            client,
+            format!("{prefix}:interrupt"),
+            Arc::clone(&on_interrupt),
+        ));
+        let replica = format!("{:x}", ring_random());
+        tracing::info!(%replica, prefix = %prefix, "redis storage open");
+        Ok(Self {
+            prefix,
+            conn,
+            tx,
+            known,
+            lease_ms: config.lease_ms,
+            replica,
+            next_token: AtomicU64::new(0),
+            on_interrupt,
+        })
+    }
+
+    pub fn on_interrupt(&self, f: OnInterrupt) {
+        let _ = self.on_interrupt.set(f);
+    }
+
+    fn key(&self, kind: &str, id: &str) -> String {
+        format!("{}:{kind}:{id}", self.prefix)
+    }
+
+    pub fn submit(&self, ops: Vec<Op>) -> Ticket {
+        let (done, rx) = oneshot::channel();
+        if self
+            .tx
+            .send(Batch {
+                ops,
+                done: Some(done),
+            })
+            .is_err()
+        {
+            tracing::error!("redis writer has stopped; a change was not stored");
+        }
+        Ticket::pending(rx)
+    }
+
+    /// Takes the session's lease. `None` when another turn holds it and
+    /// `wait` is `No`, or it was not given up within the lease time.
+    pub async fn claim(&self, id: &str, wait: Wait) -> Result<Option<Lease>, StorageError> {
+        let key = self.key("lease", id);
+        let token = format!(
+            "{}:{}",
+            self.replica,
+            self.next_token.fetch_add(1, Ordering::Relaxed)
+        );
+        // A lease lapses within lease_ms when its holder stops renewing it;
+        // a live holder's turn may take longer, and a patient writer waits
+        // for it (up to the upstream's own limits, a few minutes).
+        let patience = match wait {
+            Wait::Patiently => Duration::from_secs(300),
+            _ => Duration::from_millis(self.lease_ms) + Duration::from_secs(1),
+        };
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut conn = self.conn.clone();
+        let mut asked_at: Option<tokio::time::Instant> = None;
+        loop {
+            let taken: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.lease_ms)
+                .query_async(&mut conn)
+                .await?;
+            if taken.is_some() {
+                let renewal = CancellationToken::new();
+                tokio::spawn(renew(
+                    conn,
+                    key,
+                    token.clone(),
+                    self.lease_ms,
+                    renewal.clone(),
+                ));
+                return Ok(Some(Lease {
+                    id: id.to_owned(),
+                    token,
+                    renewal,
+                }));
+            }
+            if wait == Wait::No || tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            // Asked again now and then: the holder may not have had its
+            // reply in flight registered yet when the first request came.
+            let ask = asked_at.is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
+            if wait == Wait::Interrupt && ask {
+                let _: i64 = redis::cmd("PUBLISH")
+                    .arg(format!("{}:interrupt", self.prefix))
+                    .arg(id)
+                    .query_async(&mut conn)
+                    .await?;
+                asked_at = Some(tokio::time::Instant::now());
+            }
+            tokio::time::sleep(CLAIM_POLL).await;
+        }
+    }
+
+    /// Whether this replica's copy of the session is what Redis holds.
+    pub async fn is_fresh(&self, id: &str) -> Result<bool, StorageError> {
+        let Some(known) = self.known.get(id).map(|v| *v) else {
+            return Ok(false);
+        };
+        let mut conn = self.conn.clone();
+        let version: Option<u64> = redis::cmd("HGET")
+            .arg(self.key("s", id))
+            .arg("version")
+            .query_async(&mut conn)
+            .await?;
+        Ok(version == Some(known))
+    }
+
+    pub async fn load(&self, id: &str) -> Result<Option<Loaded>, StorageError> {
+        let mut conn = self.conn.clone();
+        let (meta, messages): (HashMap<String, String>, HashMap<u64, String>) = redis::pipe()
+            .atomic()
+            .cmd("HGETALL")
+            .arg(self.key("s", id))
+            .cmd("HGETALL")
+            .arg(self.key("m", id))
+            .query_async(&mut conn)
+            .await?;
+        if !meta.contains_key("created_ms") {
+            self.known.remove(id);
+            return Ok(None);
+        }
+        let version = field(&meta, "version").unwrap_or(0);
+        let meta = parse_meta(&meta)?;
+        let mut ordered: Vec<(u64, String)> = messages.into_iter().collect();
+        ordered.sort_by_key(|(seq, _)| *seq);
+        let messages = ordered
+            .into_iter()
+            .map(|(_, body)| {
+                serde_json::from_str::<Message>(&body)
+                    .map_err(|e| StorageError::Corrupt(format!("message of {id}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.known.insert(id.to_owned(), version);
+        Ok(Some(Loaded { meta, messages }))
+    }
+
+    pub async fn list(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        user: Option<&str>,
+    ) -> Result<Vec<Listed>, StorageError> {
+        let mut conn = self.conn.clone();
+        let ids: Vec<String> = match user {
+            Some(user) => {
+                let mut ids: Vec<String> = redis::cmd("SMEMBERS")
+                    .arg(self.key("u", user))
+                    .query_async(&mut conn)
+                    .await?;
+                ids.sort();
+                ids.into_iter()
+                    .filter(|id| after.is_none_or(|a| id.as_str() > a))
+                    .take(limit)
+                    .collect()
+            }
+            None => {
+                let from = after.map_or_else(|| "-".to_owned(), |a| format!("({a}"));
+                redis::cmd("ZRANGEBYLEX")
+                    .arg(format!("{}:ids", self.prefix))
+                    .arg(from)
+                    .arg("+")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(limit)
+                    .query_async(&mut conn)
+                    .await?
+            }
+        };
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("HGETALL").arg(self.key("s", id));
+            pipe.cmd("HLEN").arg(self.key("m", id));
+        }
+        let replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, pair) in ids.into_iter().zip(replies.chunks(2)) {
+            let meta: HashMap<String, String> = redis::from_redis_value_ref(&pair[0])
+                .map_err(|e| StorageError::Corrupt(e.to_string()))?;
+            if !meta.contains_key("created_ms") {
+                continue;
+            }
+            let count: usize = redis::from_redis_value_ref(&pair[1])
+                .map_err(|e| StorageError::Corrupt(e.to_string()))?;
+            out.push(Listed {
+                id,
+                meta: parse_meta(&meta)?,
+                message_count: count,
+            });
+        }
+        Ok(out)
+    }
+
+    pub async fn kept_events(&self) -> Result<Vec<(String, String)>, StorageError> {
+        let mut conn = self.conn.clone();
+        let kept: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(format!("{}:undelivered", self.prefix))
+            .query_async(&mut conn)
+            .await?;
+        Ok(kept.into_iter().collect())
+    }
+
+    pub async fn take_kept_event(&self, id: &str) -> Result<bool, StorageError> {
+        let mut conn = self.conn.clone();
+        let taken: i64 = redis::cmd("HDEL")
+            .arg(format!("{}:undelivered", self.prefix))
+            .arg(id)
+            .query_async(&mut conn)
+            .await?;
+        Ok(taken == 1)
+    }
+
+    pub async fn count(&self) -> Result<usize, StorageError> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("ZCARD")
+            .arg(format!("{}:active", self.prefix))
+            .query_async(&mut conn)
+            .await?)
+    }
+
+    pub async fn idle(&self, cutoff_ms: i64, limit: usize) -> Result<Vec<String>, StorageError> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("ZRANGEBYSCORE")
+            .arg(format!("{}:active", self.prefix))
+            .arg("-inf")
+            .arg(format!("({cutoff_ms}"))
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut conn)
+            .await?)
+    }
+}
+
+fn ring_random() -> u64 {
+    let mut bytes = [0u8; 8];
+    let rng = ring::rand::SystemRandom::new();
+    let _ = ring::rand::SecureRandom::fill(&rng, &mut bytes);
+    u64::from_le_bytes(bytes)
+}
+
+fn field<T: std::str::FromStr>(meta: &HashMap<String, String>, name: &str) -> Option<T> {
+    meta.get(name)?.parse().ok()
+}
+
+fn parse_meta(meta: &HashMap<String, String>) -> Result<Meta, StorageError> {
+    fn json<T: serde::de::DeserializeOwned>(
+        meta: &HashMap<String, String>,
+        name: &str,
+    ) -> Result<T, StorageError> {
+        let text = meta.get(name).map_or("[]", String::as_str);
+        serde_json::from_str(text).map_err(|e| StorageError::Corrupt(format!("{name}: {e}")))
+    }
+    Ok(Meta {
+        created_ms: field(meta, "created_ms").unwrap_or(0),
+        last_active_ms: field(meta, "last_active_ms").unwrap_or(0),
+        turn_id: field(meta, "turn_id").unwrap_or(0),
+        first_seq: field(meta, "first_seq").unwrap_or(0),
+        users: json(meta, "users")?,
+        system_messages: json(meta, "system_messages")?,
+    })
+}
+
+async fn renew(
+    mut conn: ConnectionManager,
+    key: String,
+    token: String,
+    lease_ms: u64,
+    stop: CancellationToken,
+) {
+    let every = Duration::from_millis((lease_ms / 3).max(50));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let renewed: Result<i64, _> = redis::Script::new(RENEW)
+            .key(&key)
+            .arg(&token)
+            .arg(lease_ms)
+            .invoke_async(&mut conn)
+            .await;
+        match renewed {
+            Ok(1) => {}
+            Ok(_) => return,
+            Err(e) => tracing::warn!(error = %e, key = %key, "could not renew a session lease"),
+        }
+    }
+}
+
+/// Interrupt requests from other replicas; resubscribes after errors.
+async fn listen(client: redis::Client, channel: String, on_interrupt: Arc<OnceLock<OnInterrupt>>) {
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => {
+                if let Err(e) = pubsub.subscribe(&channel).await {
+                    tracing::warn!(error = %e, "redis subscribe failed");
+                } else {
+                    let mut messages = pubsub.on_message();
+                    while let Some(msg) = messages.next().await {
+                        if let (Ok(id), Some(f)) = (msg.get_payload::<String>(), on_interrupt.get())
+                        {
+                            f(&id);
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "redis pub/sub unavailable"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The writer: each round sends what has queued up as one MULTI/EXEC, and
+/// learns the new version of every session it touched.
+async fn write_loop(
+    mut conn: ConnectionManager,
+    prefix: String,
+    known: Arc<DashMap<String, u64>>,
+    mut rx: mpsc::UnboundedReceiver<Batch>,
+    writes: Histogram,
+) {
+    while let Some(first) = rx.recv().await {
+        let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
+        let started = std::time::Instant::now();
+        let result = apply(&mut conn, &prefix, &known, &batches).await;
+        writes.observe(started.elapsed().as_secs_f64());
+        let result = result.map_err(|e| {
+            tracing::error!(error = %e, ops, "redis write failed");
+            e.to_string()
+        });
+        super::settle(batches, &result);
+    }
+}
+
+async fn apply(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    known: &DashMap<String, u64>,
+    batches: &[Batch],
+) -> Result<(), StorageError> {
+    let key = |kind: &str, id: &str| format!("{prefix}:{kind}:{id}");
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    let mut touched: Vec<&str> = Vec::new();
+    let mut releases = Vec::new();
+    for op in batches.iter().flat_map(|b| &b.ops) {
+        match op {
+            Op::Save { id, meta } => {
+                let users = serde_json::to_string(&meta.users).unwrap_or_else(|_| "[]".into());
+                let system =
+                    serde_json::to_string(&meta.system_messages).unwrap_or_else(|_| "[]".into());
+                pipe.cmd("HSET")
+                    .arg(key("s", id))
+                    .arg("created_ms")
+                    .arg(meta.created_ms)
+                    .arg("last_active_ms")
+                    .arg(meta.last_active_ms)
+                    .arg("turn_id")
+                    .arg(meta.turn_id)
+                    .arg("first_seq")
+                    .arg(meta.first_seq)
+                    .arg("users")
+                    .arg(users)
+                    .arg("system_messages")
+                    .arg(system)
+                    .ignore();
+                pipe.cmd("ZADD")
+                    .arg(format!("{prefix}:ids"))
+                    .arg(0)
+                    .arg(id)
+                    .ignore();
+                pipe.cmd("ZADD")
+                    .arg(format!("{prefix}:active"))
+                    .arg(meta.last_active_ms)
+                    .arg(id)
+                    .ignore();
+                for user in &meta.users {
+                    pipe.cmd("SADD").arg(key("u", user)).arg(id).ignore();
+                }
+                touched.push(id);
+            }
+            Op::Touch {
+                id,
+                last_active_ms,
+                turn_id,
+                first_seq,
+            } => {
+                pipe.cmd("HSET")
+                    .arg(key("s", id))
+                    .arg("last_active_ms")
+                    .arg(*last_active_ms)
+                    .arg("turn_id")
+                    .arg(*turn_id)
+                    .arg("first_seq")
+                    .arg(*first_seq)
+                    .ignore();
+                pipe.cmd("ZADD")
+                    .arg(format!("{prefix}:active"))
+                    .arg(*last_active_ms)
+                    .arg(id)
+                    .ignore();
+                touched.push(id);
+            }
+            Op::Push { id, seq, message } => {
+                pipe.cmd("HSET")
+                    .arg(key("m", id))
+                    .arg(*seq)
+                    .arg(to_json(message)?)
+                    .ignore();
+                touched.push(id);
+            }
+            Op::Set { id, seq, message } => {
+                pipe.cmd("EVAL")
+                    .arg(SET_IF_STORED)
+                    .arg(1)
+                    .arg(key("m", id))
+                    .arg(*seq)
+                    .arg(to_json(message)?)
+                    .ignore();
+                touched.push(id);
+            }
+            Op::DropBefore { id, from, seq } => {
+                if seq > from {
+                    pipe.cmd("HDEL")
+                        .arg(key("m", id))
+                        .arg((*from..*seq).collect::<Vec<u64>>())
+                        .ignore();
+                }
+                touched.push(id);
+            }
+            Op::Clear { id } => {
+                pipe.cmd("DEL").arg(key("m", id)).ignore();
+                touched.push(id);
+            }
+            Op::Delete { id, users } => {
+                pipe.cmd("DEL").arg(key("s", id)).arg(key("m", id)).ignore();
+                pipe.cmd("ZREM")
+                    .arg(format!("{prefix}:ids"))
+                    .arg(id)
+                    .ignore();
+                pipe.cmd("ZREM")
+                    .arg(format!("{prefix}:active"))
+                    .arg(id)
+                    .ignore();
+                for user in users {
+                    pipe.cmd("SREM").arg(key("u", user)).arg(id).ignore();
+                }
+                known.remove(id.as_str());
+            }
+            Op::Release { id, token } => releases.push((key("lease", id), token.clone())),
+            Op::KeepEvent { id, body } => {
+                pipe.cmd("HSET")
+                    .arg(format!("{prefix}:undelivered"))
+                    .arg(id)
+                    .arg(body)
+                    .ignore();
+            }
+            Op::ForgetEvent { id } => {
+                pipe.cmd("HDEL")
+                    .arg(format!("{prefix}:undelivered"))
+                    .arg(id)
+                    .ignore();
+            }
+        }
+    }
+    touched.sort_unstable();
+    touched.dedup();
+    for id in &touched {
+        pipe.cmd("EVAL").arg(BUMP).arg(1).arg(key("s", id));
+    }
+    // Leases are given up after the writes they covered.
+    for (lease, token) in &releases {
+        pipe.cmd("EVAL")
+            .arg(RELEASE)
+            .arg(1)
+            .arg(lease)
+            .arg(token)
+            .ignore();
+    }
+    let versions: Vec<u64> = pipe.query_async(conn).await?;
+    for (id, version) in touched.into_iter().zip(versions) {
+        // One bump past what this replica knew: nobody else wrote. Anything
+        // else: another replica did, and the local copy must be reloaded.
+        match known.get(id).map(|v| *v) {
+            Some(before) if before + 1 == version => {
+                known.insert(id.to_owned(), version);
+            }
+            // Created by this replica in this batch.
+            None if version == 1 => {
+                known.insert(id.to_owned(), version);
+            }
+            _ => {
+                known.remove(id);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn to_json(message: &Message) -> Result<String, StorageError> {
+    serde_json::to_string(message).map_err(|e| StorageError::Corrupt(e.to_string()))
+}
