@@ -185,7 +185,9 @@ impl Default for SessionConfig {
 pub struct WebhookConfig {
     /// Where events are POSTed; unset = no webhook.
     pub url: Option<String>,
-    /// Environment variable holding the HMAC-SHA256 signing secret.
+    /// Environment variable holding the signing secret (`webhook-signature`,
+    /// HMAC-SHA256): a `whsec_` secret is the base64 of the key, any other
+    /// is the key's bytes.
     pub secret_env: Option<String>,
     /// Which events are delivered: `session_ended`, `history_trimmed`,
     /// `history_rewritten`.
@@ -519,6 +521,15 @@ impl Config {
             config.storage.path = db;
         }
         config.validate(path)?;
+        // The signing secret lives in the environment, so it is checked
+        // here rather than in `validate` (which reads the text alone).
+        crate::webhook::signing_key(&config.webhook, |var| std::env::var(var).ok()).map_err(
+            |e| ConfigError::Invalid {
+                path: path.to_owned(),
+                key: "webhook.secret_env".into(),
+                message: e.to_string(),
+            },
+        )?;
         Ok(config)
     }
 
