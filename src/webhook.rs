@@ -4,14 +4,22 @@
 //! own, signed, and retried with backoff. An event that cannot be delivered
 //! (or is still undelivered at shutdown) is logged whole, with its session
 //! id, rather than dropped in silence.
+//!
+//! Deliveries follow Standard Webhooks (<https://www.standardwebhooks.com>):
+//! `webhook-id` names the event (the same on every attempt, and for a kept
+//! event its stored id, so the same after a restart too),
+//! `webhook-timestamp` is the attempt's time in seconds, and
+//! `webhook-signature` is `v1,` and the base64 HMAC-SHA256 of
+//! `{id}.{timestamp}.{body}`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine as _;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
@@ -20,7 +28,7 @@ use crate::memory::message::Message;
 use crate::memory::reconcile::Rewrite;
 use crate::memory::window::{TrimReason, TrimScope};
 use crate::metrics::Metrics;
-use crate::store::{Op, Storage};
+use crate::store::{EventClaim, KeptClaim, Op, Storage};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -89,6 +97,7 @@ pub trait Notifier: Send + Sync {
         self.notify_kept(event, None);
     }
     /// The same, for an event already kept in storage under `kept`: it is
+    /// sent under that id (its `webhook-id`), by one replica at a time, and
     /// forgotten there once delivered.
     fn notify_kept(&self, event: Event, kept: Option<String>);
     /// Whether ended sessions' events should be kept in storage until
@@ -139,7 +148,8 @@ struct Delivery {
     /// Where an event that cannot be delivered is kept for a later try.
     storage: Arc<Storage>,
     url: String,
-    secret: Option<Vec<u8>>,
+    /// Signs deliveries, when a secret is configured.
+    key: Option<ring::hmac::Key>,
     client: reqwest::Client,
     max_retries: u32,
     backoff: Duration,
@@ -149,6 +159,78 @@ struct Delivery {
     pending: Mutex<HashMap<u64, Event>>,
     next: AtomicU64,
     metrics: Arc<Metrics>,
+    /// Ids of the kept events a task of this process is sending (or
+    /// waiting to send), so that it never sends one twice at once.
+    sending: Mutex<HashSet<String>>,
+}
+
+/// Why the webhook cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("`webhook.secret_env` {0}")]
+    Secret(#[from] SecretError),
+    #[error("cannot build its HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+/// A signing secret that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    // The secret itself is never part of the message: errors are logged.
+    #[error("names a variable ({var}) whose secret starts with `whsec_` but the rest is not base64 (standard alphabet, padding optional)")]
+    NotBase64 { var: String },
+    #[error("names a variable ({var}) whose `whsec_` secret decodes to no bytes")]
+    Empty { var: String },
+}
+
+/// The base64 of `whsec_` secrets, as the Standard Webhooks libraries read
+/// it: the standard alphabet, with or without padding.
+const WHSEC: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent)
+        .with_decode_allow_trailing_bits(true),
+);
+
+/// The HMAC key for `webhook-signature`: `None` when `secret_env` is unset
+/// or names an unset or empty variable (`lookup` reads variables). A
+/// secret that starts with `whsec_` is the base64 of the key (as the
+/// Standard Webhooks libraries take it); any other secret's bytes are the
+/// key.
+pub fn signing_key(
+    config: &WebhookConfig,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Vec<u8>>, SecretError> {
+    let Some(var) = config.secret_env.as_deref() else {
+        return Ok(None);
+    };
+    let Some(secret) = lookup(var).filter(|s| !s.is_empty()) else {
+        return Ok(None);
+    };
+    let Some(encoded) = secret.strip_prefix("whsec_") else {
+        return Ok(Some(secret.into_bytes()));
+    };
+    let key = WHSEC
+        .decode(encoded)
+        .map_err(|_| SecretError::NotBase64 { var: var.into() })?;
+    if key.is_empty() {
+        return Err(SecretError::Empty { var: var.into() });
+    }
+    Ok(Some(key))
+}
+
+/// A new event id for `webhook-id`: `msg_`, the time in ms (hex, so that
+/// kept events list oldest first) and 64 random bits.
+pub fn new_event_id(at_ms: i64) -> String {
+    static FALLBACK: AtomicU64 = AtomicU64::new(0);
+    let mut bytes = [0u8; 8];
+    let random = match ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+    {
+        Ok(()) => u64::from_le_bytes(bytes),
+        // No system randomness: still unique within this process.
+        Err(_) => FALLBACK.fetch_add(1, Ordering::Relaxed) ^ (u64::from(std::process::id()) << 32),
+    };
+    format!("msg_{at_ms:x}{random:016x}")
 }
 
 impl Webhook {
@@ -157,13 +239,8 @@ impl Webhook {
         url: &str,
         storage: Arc<Storage>,
         metrics: Arc<Metrics>,
-    ) -> Result<Arc<Self>, reqwest::Error> {
-        let secret = config
-            .secret_env
-            .as_deref()
-            .and_then(|var| std::env::var(var).ok())
-            .filter(|s| !s.is_empty())
-            .map(String::into_bytes);
+    ) -> Result<Arc<Self>, WebhookError> {
+        let secret = signing_key(config, |var| std::env::var(var).ok())?;
         if secret.is_none() {
             tracing::warn!(
                 "webhook events are sent unsigned: webhook.secret_env names no set variable"
@@ -172,7 +249,7 @@ impl Webhook {
         let delivery = Arc::new(Delivery {
             storage,
             url: url.to_owned(),
-            secret,
+            key: secret.map(|k| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k)),
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(config.timeout_secs))
                 // A redirect would be followed as a GET without the body:
@@ -186,6 +263,7 @@ impl Webhook {
             pending: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
             metrics,
+            sending: Mutex::new(HashSet::new()),
         });
         let webhook = Arc::new(Self {
             events: config.events.clone(),
@@ -244,62 +322,119 @@ impl Delivery {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn sending(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.sending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     async fn deliver(&self, event: &Event, already_kept: Option<String>) {
+        let (name, session) = (event.name(), event.session_id());
+        if let Some(id) = already_kept {
+            self.send_kept(&id, name, session).await;
+            return;
+        }
         let body = match serde_json::to_vec(event) {
             Ok(b) => b,
             Err(e) => {
-                tracing::error!(session = event.session_id(), error = %e, "webhook event not serialisable");
+                tracing::error!(session, error = %e, "webhook event not serialisable");
                 return;
             }
         };
-        let text = String::from_utf8_lossy(&body).into_owned();
+        let id = new_event_id(crate::clock::now_ms());
         // A session's memory is kept in storage until it is delivered, so
         // that neither a receiver that is down nor a restart loses it.
-        let kept_ok = already_kept.is_some();
-        let kept = match already_kept {
-            Some(id) => Some(id),
-            None if self.storage.persistent() && matches!(event, Event::SessionEnded { .. }) => {
-                let id = format!("{:x}-{}", crate::clock::now_ms(), event.session_id());
-                let op = Op::KeepEvent {
-                    id: id.clone(),
-                    body: text.clone(),
-                };
-                self.storage
-                    .submit(vec![op])
-                    .durable()
-                    .await
-                    .ok()
-                    .map(|()| id)
+        if self.storage.persistent() && matches!(event, Event::SessionEnded { .. }) {
+            let op = Op::KeepEvent {
+                id: id.clone(),
+                body: String::from_utf8_lossy(&body).into_owned(),
+            };
+            if self.storage.submit(vec![op]).durable().await.is_ok() {
+                self.send_kept(&id, name, session).await;
+                return;
             }
-            None => None,
-        };
-        let kept_ok = kept_ok || kept.is_some();
-        if self.post(&body, event.name(), event.session_id()).await {
-            if let (Some(id), true) = (kept, kept_ok) {
-                let _ = self
-                    .storage
-                    .submit(vec![Op::ForgetEvent { id }])
-                    .durable()
-                    .await;
-            }
-            return;
         }
-        if kept_ok {
-            tracing::error!(event = event.name(), session = event.session_id(),
-                "webhook delivery failed after all retries; the event is kept in storage and sent again after a restart");
+        if self.post(&id, &body, name, session, None).await {
             return;
         }
         tracing::error!(
-            event = event.name(),
-            session = event.session_id(),
+            event = name,
+            session,
             "webhook delivery failed after all retries (its body is logged at trace level)"
         );
-        tracing::trace!(event = event.name(), session = event.session_id(), body = %text,
+        tracing::trace!(event = name, session, body = %String::from_utf8_lossy(&body),
             "undelivered webhook event");
     }
 
-    /// Events kept by an earlier run: each is sent again (with retries) and
-    /// forgotten once delivered.
+    /// Sends the kept event `id`, as stored, under its claim, and forgets
+    /// it once delivered. While another replica holds the claim, waits
+    /// until that one delivers it (then there is nothing to do) or lets go.
+    async fn send_kept(&self, id: &str, name: &str, session: &str) {
+        // One task per kept event in this process: a second is not needed.
+        if !self.sending().insert(id.to_owned()) {
+            return;
+        }
+        self.send_kept_claimed(id, name, session).await;
+        self.sending().remove(id);
+    }
+
+    async fn send_kept_claimed(&self, id: &str, name: &str, session: &str) {
+        let gave_up = |e: &dyn std::fmt::Display| {
+            tracing::warn!(event = name, session, id, error = %e,
+                "cannot send a kept webhook event now; it stays kept and is sent again after a restart");
+        };
+        let claim = loop {
+            match self.storage.claim_kept_event(id).await {
+                Ok(KeptClaim::Ours(claim)) => break claim,
+                Ok(KeptClaim::Theirs(left)) => {
+                    // Another replica is sending it. Look again when its
+                    // claim would lapse, in case that replica died.
+                    tokio::time::sleep(left.clamp(CLAIM_POLL_MIN, CLAIM_POLL_MAX)).await;
+                    match self.storage.kept_event(id).await {
+                        Ok(Some(_)) => continue,
+                        Ok(None) => return, // delivered by the other replica
+                        Err(e) => return gave_up(&e),
+                    }
+                }
+                Err(e) => return gave_up(&e),
+            }
+        };
+        // Read under the claim: what an earlier holder delivered is gone.
+        let body = match self.storage.kept_event(id).await {
+            Ok(Some(body)) => body,
+            Ok(None) => {
+                let _ = self.storage.release_kept_event(claim).await;
+                return;
+            }
+            Err(e) => {
+                let _ = self.storage.release_kept_event(claim).await;
+                return gave_up(&e);
+            }
+        };
+        let sent = self
+            .post(id, body.as_bytes(), name, session, Some(&claim))
+            .await;
+        if sent {
+            // Forgotten before the claim goes, so that whoever claims it
+            // next finds nothing to send.
+            let forgotten = self
+                .storage
+                .submit(vec![Op::ForgetEvent { id: id.to_owned() }])
+                .durable()
+                .await;
+            if let Err(e) = forgotten {
+                tracing::warn!(event = name, session, id, error = %e,
+                    "a delivered webhook event could not be forgotten: it may be sent again (same webhook-id)");
+            }
+        } else if !claim.lost() {
+            tracing::error!(event = name, session, id,
+                "webhook delivery failed after all retries; the event is kept in storage and sent again after a restart");
+        }
+        if !claim.lost() {
+            let _ = self.storage.release_kept_event(claim).await;
+        }
+    }
+
+    /// Events kept by an earlier run (or by another replica): each is sent
+    /// again (with retries) and forgotten once delivered.
     async fn redeliver_kept(self: Arc<Self>) {
         let kept = match self.storage.kept_events().await {
             Ok(k) => k,
@@ -308,44 +443,53 @@ impl Delivery {
                 return;
             }
         };
-        for (id, body) in kept {
+        for (id, _) in kept {
             let delivery = Arc::clone(&self);
-            tokio::spawn(async move {
-                // With shared storage, every replica reads the kept events:
-                // the one that takes an event sends it.
-                if !matches!(delivery.storage.take_kept_event(&id).await, Ok(true)) {
-                    return;
-                }
-                let sent = delivery.post(body.as_bytes(), "kept", &id).await;
-                let op = if sent {
-                    Op::ForgetEvent { id }
-                } else {
-                    Op::KeepEvent { id, body }
-                };
-                let _ = delivery.storage.submit(vec![op]).durable().await;
-            });
+            tokio::spawn(async move { delivery.send_kept(&id, "kept", &id).await });
         }
     }
 
-    /// Posts one body with retries; whether it was accepted.
-    async fn post(&self, body: &[u8], name: &str, session: &str) -> bool {
-        let signature = self.secret.as_deref().map(|s| sign(s, body));
+    /// Posts one body with retries under webhook-id `id`; whether it was
+    /// accepted. Under a claim, stops once the claim is lost (another
+    /// replica may be sending it by then).
+    async fn post(
+        &self,
+        id: &str,
+        body: &[u8],
+        name: &str,
+        session: &str,
+        claim: Option<&EventClaim>,
+    ) -> bool {
         let mut wait = self.backoff;
         for attempt in 0..=self.max_retries {
             if attempt > 0 {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(MAX_BACKOFF);
             }
+            if claim.is_some_and(EventClaim::lost) {
+                tracing::warn!(
+                    event = name,
+                    session,
+                    id,
+                    attempt,
+                    "the claim on a kept webhook event lapsed: another replica may send it"
+                );
+                return false;
+            }
             let Ok(_slot) = self.slots.acquire().await else {
                 break;
             };
+            // Each attempt has its own timestamp, so its own signature.
+            let timestamp = crate::clock::now_ms().div_euclid(1000);
             let mut req = self
                 .client
                 .post(&self.url)
                 .header("content-type", "application/json")
+                .header("webhook-id", id)
+                .header("webhook-timestamp", timestamp.to_string())
                 .body(body.to_vec());
-            if let Some(sig) = &signature {
-                req = req.header("x-recall-signature", sig.as_str());
+            if let Some(key) = &self.key {
+                req = req.header("webhook-signature", sign_with(key, id, timestamp, body));
             }
             let sent = req.send().await;
             self.metrics
@@ -368,15 +512,32 @@ impl Delivery {
     }
 }
 
-/// `sha256=<hex HMAC-SHA256 of body>`, as sent in `x-recall-signature`.
-pub fn sign(secret: &[u8], body: &[u8]) -> String {
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    let tag = ring::hmac::sign(&key, body);
-    let mut out = String::with_capacity(7 + 64);
-    out.push_str("sha256=");
-    for byte in tag.as_ref() {
-        out.push_str(&format!("{byte:02x}"));
-    }
+/// Shortest and longest wait before looking again at a kept event another
+/// replica is sending.
+const CLAIM_POLL_MIN: Duration = Duration::from_millis(50);
+const CLAIM_POLL_MAX: Duration = Duration::from_secs(5);
+
+/// The Standard Webhooks `webhook-signature` value: `v1,` and the base64
+/// of HMAC-SHA256(key, "{id}.{timestamp}.{body}").
+pub fn sign(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    sign_with(
+        &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key),
+        id,
+        timestamp,
+        body,
+    )
+}
+
+fn sign_with(key: &ring::hmac::Key, id: &str, timestamp: i64, body: &[u8]) -> String {
+    let mut mac = ring::hmac::Context::with_key(key);
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    let tag = mac.sign();
+    let mut out = String::from("v1,");
+    base64::engine::general_purpose::STANDARD.encode_string(tag.as_ref(), &mut out);
     out
 }
 
@@ -384,13 +545,76 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn key_of(secret: &str) -> Result<Option<Vec<u8>>, SecretError> {
+        let config = WebhookConfig {
+            secret_env: Some("HOOK_SECRET".into()),
+            ..WebhookConfig::default()
+        };
+        signing_key(&config, |var| {
+            assert_eq!(var, "HOOK_SECRET");
+            Some(secret.to_owned())
+        })
+    }
+
+    /// The Standard Webhooks test vector (the spec's Python library's
+    /// `test_sign_function`; the `standardwebhooks` 1.1.0 package on PyPI
+    /// signs it the same).
     #[test]
-    fn signature_matches_rfc_4231_test_case_2() {
-        let sig = sign(b"Jefe", b"what do ya want for nothing?");
+    fn signature_matches_the_standard_webhooks_test_vector() {
+        let key = key_of("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .unwrap()
+            .unwrap();
         assert_eq!(
-            sig,
-            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+            sign(
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1_614_265_330,
+                br#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
+    }
+
+    /// A plain secret's bytes are the key: the same signature as its
+    /// `whsec_` + base64 form (computed with `standardwebhooks` 1.1.0:
+    /// `Webhook(b"hook-secret").sign("msg_plain", 1700000000, body)`).
+    #[test]
+    fn a_plain_secret_is_the_key_itself() {
+        let body = br#"{"event":"session_ended"}"#;
+        let expected = "v1,euZot+ygLH//1vi2F2pto+bZjziwIpJ8c+oJq3q2+Yc=";
+        for secret in ["hook-secret", "whsec_aG9vay1zZWNyZXQ="] {
+            let key = key_of(secret).unwrap().unwrap();
+            assert_eq!(key, b"hook-secret");
+            assert_eq!(sign(&key, "msg_plain", 1_700_000_000, body), expected);
+        }
+    }
+
+    #[test]
+    fn whsec_secrets_decode_with_or_without_padding_and_bad_ones_are_refused() {
+        assert_eq!(key_of("whsec_aGk=").unwrap().unwrap(), b"hi");
+        assert_eq!(key_of("whsec_aGk").unwrap().unwrap(), b"hi");
+        let bad = key_of("whsec_not base64!").unwrap_err().to_string();
+        assert!(
+            bad.contains("HOOK_SECRET") && !bad.contains("not base64!"),
+            "{bad}"
+        );
+        assert!(matches!(key_of("whsec_"), Err(SecretError::Empty { .. })));
+        // Unset or empty: unsigned.
+        assert!(key_of("").unwrap().is_none());
+        assert!(signing_key(&WebhookConfig::default(), |_| None)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn event_ids_are_unique_and_sort_by_time() {
+        let (a, b) = (new_event_id(0x18f0000000), new_event_id(0x18f0000000));
+        assert!(
+            a.starts_with("msg_18f0000000") && a.len() == 4 + 10 + 16,
+            "{a}"
+        );
+        assert_ne!(a, b);
+        assert!(new_event_id(0x18f0000001) > a);
     }
 
     #[test]

@@ -389,6 +389,18 @@ async fn an_undeliverable_event_is_kept_and_sent_after_a_restart() {
         .wait_for(Duration::from_secs(5), |e| e["session_id"] == "kept")
         .await;
     assert_eq!(event["contents"][0]["content"], "remember me");
+    // The same webhook-id on every attempt, before and after the restart:
+    // the kept event's stored id, and the body as stored.
+    let (kept_id, kept_body) = &kept[0];
+    let (headers, body) = up.deliveries().remove(0);
+    assert_eq!(headers["webhook-id"], kept_id.as_str());
+    assert_eq!(&body, kept_body.as_bytes());
+    let before: Vec<_> = down
+        .tried()
+        .iter()
+        .map(|h| h["webhook-id"].clone())
+        .collect();
+    assert_eq!(before, [kept_id.as_str(), kept_id.as_str()]);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !second
         .app

@@ -4,6 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use axum::http::HeaderMap;
 use common::*;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -12,8 +13,31 @@ fn webhook_config(url: &str, secret_var: &str, extra: &str) -> String {
     format!("[webhook]\nurl = \"{url}\"\nsecret_env = \"{secret_var}\"\nretry_backoff_ms = 50\n{extra}\n")
 }
 
-fn expected_signature(secret: &str, body: &[u8]) -> String {
-    recall::webhook::sign(secret.as_bytes(), body)
+/// Checks a delivery's Standard Webhooks headers (`webhook-id`,
+/// `webhook-timestamp` close to now, and `webhook-signature` over both and
+/// the body with `key`); returns its id and timestamp.
+fn check_standard_headers(headers: &HeaderMap, body: &[u8], key: Option<&[u8]>) -> (String, i64) {
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+    let id = header("webhook-id").expect("webhook-id");
+    assert!(id.starts_with("msg_"), "{id}");
+    let timestamp: i64 = header("webhook-timestamp")
+        .expect("webhook-timestamp")
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((now - timestamp).abs() <= 5, "{timestamp} vs {now}");
+    match key {
+        Some(key) => assert_eq!(
+            header("webhook-signature").as_deref(),
+            Some(recall::webhook::sign(key, &id, timestamp, body).as_str())
+        ),
+        None => assert!(header("webhook-signature").is_none()),
+    }
+    assert!(headers.get("x-recall-signature").is_none());
+    (id, timestamp)
 }
 
 #[tokio::test]
@@ -44,10 +68,10 @@ async fn ending_a_session_delivers_its_memory_signed() {
     assert_eq!(event["system_messages"][0]["content"], "remember cats");
     assert_eq!(event["contents"].as_array().unwrap().len(), 2);
     assert_eq!(event["contents"][1]["content"], "reply 1");
-    assert_eq!(
-        sig.as_deref(),
-        Some(expected_signature("hook-secret", &body).as_str())
-    );
+    assert!(sig.is_some());
+    let (headers, delivered) = hook.deliveries().remove(0);
+    assert_eq!(delivered, body);
+    check_standard_headers(&headers, &body, Some(b"hook-secret"));
 
     // The session is gone; the same id later starts afresh.
     assert_eq!(h.history("e1").await.0, 404);
@@ -127,6 +151,64 @@ async fn the_webhook_is_retried_until_it_accepts() {
         .await;
     assert_eq!(hook.attempts(), 3);
     assert_eq!(hook.events().len(), 1);
+    // Every attempt carries the event's one id, and a timestamp of its own.
+    let (headers, body) = hook.deliveries().remove(0);
+    let (id, _) = check_standard_headers(&headers, &body, None);
+    let ids: Vec<String> = hook
+        .tried()
+        .iter()
+        .map(|h| h["webhook-id"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, [id.clone(), id.clone(), id]);
+}
+
+/// A `whsec_` secret is the base64 of the key, as the Standard Webhooks
+/// libraries read it; every event has an id of its own.
+#[tokio::test]
+async fn a_whsec_secret_signs_with_its_decoded_key() {
+    // base64("hook-key-bytes")
+    std::env::set_var(
+        "RECALL_TEST_HOOK_SECRET_WHSEC",
+        "whsec_aG9vay1rZXktYnl0ZXM=",
+    );
+    let hook = WebhookReceiver::start(0).await;
+    let h = Harness::start(
+        &webhook_config(&hook.url, "RECALL_TEST_HOOK_SECRET_WHSEC", ""),
+        "",
+    )
+    .await;
+    for id in ["w1", "w2"] {
+        h.say(id, "hi").await;
+        h.api(Method::DELETE, &format!("/v1/sessions/{id}"), None)
+            .await;
+        hook.wait_for(Duration::from_secs(3), |e| e["session_id"] == id)
+            .await;
+    }
+    let ids: Vec<String> = hook
+        .deliveries()
+        .iter()
+        .map(|(headers, body)| check_standard_headers(headers, body, Some(b"hook-key-bytes")).0)
+        .collect();
+    assert_ne!(ids[0], ids[1]);
+}
+
+/// A `whsec_` secret that is not base64 stops start-up, naming the key
+/// (and not the secret).
+#[test]
+fn a_whsec_secret_that_is_not_base64_is_a_config_error() {
+    std::env::set_var("RECALL_TEST_HOOK_SECRET_BAD", "whsec_not*base64");
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("bad-whsec-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "[webhook]\nurl = \"http://127.0.0.1:9/hook\"\nsecret_env = \"RECALL_TEST_HOOK_SECRET_BAD\"\n\
+         [[upstreams]]\nname = \"m\"\nbase_url = \"mock://echo\"\nmodels = [\"*\"]\n",
+    )
+    .unwrap();
+    let err = recall::Config::load(&path).unwrap_err().to_string();
+    assert!(err.contains("`webhook.secret_env`"), "{err}");
+    assert!(err.contains("RECALL_TEST_HOOK_SECRET_BAD"), "{err}");
+    assert!(!err.contains("not*base64"), "{err}");
 }
 
 #[tokio::test]

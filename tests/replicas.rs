@@ -244,3 +244,192 @@ async fn a_replica_killed_mid_stream_does_not_block_the_next_turn() {
         ["user: count", "user: still there?", "assistant: reply 2"]
     );
 }
+
+/// The `key_prefix` in a config from `shared`.
+fn prefix_of(config: &str) -> String {
+    let at = config.find("key_prefix = \"").unwrap() + "key_prefix = \"".len();
+    config[at..].split('"').next().unwrap().to_owned()
+}
+
+/// Keeps a `session_ended` event in storage under `id`, as a run that
+/// could not deliver it would have.
+async fn keep_event(storage: &recall::store::Storage, id: &str, session: &str) {
+    let body = json!({"event": "session_ended", "reason": "ended", "session_id": session,
+                      "turn_id": 1, "users": [], "created_at": 1, "ended_at": 2,
+                      "system_messages": [], "contents": []})
+    .to_string();
+    let op = recall::store::Op::KeepEvent {
+        id: id.into(),
+        body,
+    };
+    storage.submit(vec![op]).durable().await.unwrap();
+}
+
+/// Deliveries per session id, and how many sessions got more than one.
+fn tally(hook: &WebhookReceiver) -> (usize, std::collections::BTreeMap<String, usize>) {
+    let mut per = std::collections::BTreeMap::new();
+    for (_, _, e) in hook.events() {
+        *per.entry(e["session_id"].as_str().unwrap().to_owned())
+            .or_insert(0) += 1;
+    }
+    let duplicates = per.values().map(|n| n - 1).sum();
+    (duplicates, per)
+}
+
+/// Issue 16, item 3: replicas that start while another is sending kept
+/// events (its own ends', and an earlier run's) do not send them again.
+/// Each replica reads every kept event at start; only the holder of an
+/// event's claim sends it, and the others wait for it to go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kept_events_are_sent_once_by_replicas_starting_while_they_are_sent() {
+    let Some(config) = shared("") else {
+        return;
+    };
+    const EARLIER: usize = 8;
+    const ENDED: usize = 8;
+    let upstream = MockUpstream::start().await;
+    // A slow receiver, so that deliveries are still under way when the
+    // other replicas start.
+    let hook = WebhookReceiver::start_slow(0, Duration::from_millis(400)).await;
+    let base = format!(
+        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        upstream.base_url()
+    );
+    let with_hook = format!(
+        "{base}\n[webhook]\nurl = \"{}\"\nretry_backoff_ms = 50\n",
+        hook.url
+    );
+    // An earlier run's undelivered events (written by a replica without a
+    // webhook, which sends nothing).
+    let earlier = Harness::with_config(&base, upstream.clone()).await;
+    for i in 0..EARLIER {
+        keep_event(
+            &earlier.app.policy.storage,
+            &format!("msg_earlier{i}"),
+            &format!("earlier-{i}"),
+        )
+        .await;
+    }
+    // Replica A starts (and sends those), then ends sessions of its own:
+    // their events are kept too, and sent at once.
+    let a = Harness::with_config(&with_hook, upstream.clone()).await;
+    for i in 0..ENDED {
+        a.say(&format!("ended-{i}"), "hi").await;
+    }
+    for i in 0..ENDED {
+        let (status, _) = a
+            .api(Method::DELETE, &format!("/v1/sessions/ended-{i}"), None)
+            .await;
+        assert_eq!(status, 200);
+    }
+    let kept_at_start = earlier
+        .app
+        .policy
+        .storage
+        .kept_events()
+        .await
+        .unwrap()
+        .len();
+    // B and C start while A's deliveries are under way.
+    let (b, c) = tokio::join!(
+        Harness::with_config(&with_hook, upstream.clone()),
+        Harness::with_config(&with_hook, upstream.clone())
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while tally(&hook).1.len() < EARLIER + ENDED
+        || !earlier
+            .app
+            .policy
+            .storage
+            .kept_events()
+            .await
+            .unwrap()
+            .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not all delivered: {:?}",
+            tally(&hook)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Time for a late second delivery to show (claims last lease_ms = 1 s).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (duplicates, per) = tally(&hook);
+    eprintln!(
+        "kept events: {} ({EARLIER} from an earlier run, {ENDED} ended on A), {kept_at_start} still kept \
+         when B and C started; deliveries received: {}; distinct events: {}; duplicates: {duplicates}",
+        EARLIER + ENDED,
+        hook.deliveries().len(),
+        per.len()
+    );
+    assert_eq!(per.len(), EARLIER + ENDED, "{per:?}");
+    assert_eq!(duplicates, 0, "{per:?}");
+    // An earlier run's event goes out under its stored id.
+    for (headers, body) in hook.deliveries() {
+        let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        if let Some(i) = event["session_id"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("earlier-")
+        {
+            assert_eq!(headers["webhook-id"], format!("msg_earlier{i}").as_str());
+        }
+    }
+    drop((a, b, c));
+}
+
+/// A claim on a kept event stops other replicas until it lapses: the claim
+/// of a replica that died mid-delivery (written here by hand, as it would
+/// have left it) holds a starting replica back for the rest of its time,
+/// and then that replica sends the event, once.
+#[tokio::test]
+async fn a_kept_event_claimed_by_a_dead_replica_is_sent_once_its_claim_lapses() {
+    let Some(config) = shared("") else {
+        return;
+    };
+    let prefix = prefix_of(&config);
+    let url = std::env::var("RECALL_TEST_REDIS_URL").unwrap();
+    let upstream = MockUpstream::start().await;
+    let hook = WebhookReceiver::start(0).await;
+    let base = format!(
+        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        upstream.base_url()
+    );
+    let earlier = Harness::with_config(&base, upstream.clone()).await;
+    keep_event(&earlier.app.policy.storage, "msg_orphan", "orphan").await;
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let claim = Duration::from_millis(1500);
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}:event-claim:msg_orphan"))
+        .arg("dead-replica:0")
+        .arg("PX")
+        .arg(claim.as_millis() as u64)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let claimed_at = Instant::now();
+    let b = Harness::with_config(
+        &format!(
+            "{base}\n[webhook]\nurl = \"{}\"\nretry_backoff_ms = 50\n",
+            hook.url
+        ),
+        upstream.clone(),
+    )
+    .await;
+    hook.wait_for(Duration::from_secs(8), |e| e["session_id"] == "orphan")
+        .await;
+    let waited = claimed_at.elapsed();
+    assert!(
+        waited >= claim - Duration::from_millis(100),
+        "sent {waited:?} after the claim was taken, before it lapsed"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(hook.deliveries().len(), 1);
+    assert_eq!(hook.deliveries()[0].0["webhook-id"], "msg_orphan");
+    assert!(b.app.policy.storage.kept_events().await.unwrap().is_empty());
+}

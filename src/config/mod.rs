@@ -85,6 +85,15 @@ impl Config {
             config.storage.path = db;
         }
         config.validate(path)?;
+        // The signing secret lives in the environment, so it is checked
+        // here rather than in `validate` (which reads the text alone).
+        crate::webhook::signing_key(&config.webhook, |var| std::env::var(var).ok()).map_err(
+            |e| ConfigError::Invalid {
+                path: path.to_owned(),
+                key: "webhook.secret_env".into(),
+                message: e.to_string(),
+            },
+        )?;
         Ok(config)
     }
 
@@ -112,6 +121,15 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let config = Self::parse_unchecked(text, path)?;
         config.validate(path)?;
+        // The signing secret lives in the environment, so it is checked
+        // here rather than in `validate` (which reads the text alone).
+        crate::webhook::signing_key(&config.webhook, |var| std::env::var(var).ok()).map_err(
+            |e| ConfigError::Invalid {
+                path: path.to_owned(),
+                key: "webhook.secret_env".into(),
+                message: e.to_string(),
+            },
+        )?;
         Ok(config)
     }
 

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 pub struct WebhookConfig {
     /// Where events are POSTed; unset = no webhook.
     pub url: Option<String>,
-    /// Environment variable holding the HMAC-SHA256 signing secret.
+    /// Environment variable holding the signing secret (`webhook-signature`,
+    /// HMAC-SHA256): a `whsec_` secret is the base64 of the key, any other
+    /// is the key's bytes.
     pub secret_env: Option<String>,
     /// Which events are delivered: `session_ended`, `history_trimmed`,
     /// `history_rewritten`.

@@ -76,7 +76,7 @@ async fn end_when(
     // With a webhook and durable storage, the event is kept in the same
     // write as the deletion: the memory leaves storage only as an event.
     let keep = app.notifier.keeps() && storage.persistent();
-    let kept_id = format!("{ended_at:x}-{}", session.id);
+    let kept_id = crate::webhook::new_event_id(ended_at);
     let Some((ended, ticket)) = session.end(&app.policy, when, |ended| {
         if !keep {
             return Vec::new();

@@ -196,6 +196,30 @@ pub use self::redis::Wait;
 #[derive(Debug)]
 pub struct Claim(Option<redis::Lease>);
 
+/// The right to send a kept webhook event: with shared storage, a lease on
+/// it, renewed while held, that lapses if this process dies; with a process
+/// of its own, nothing.
+#[derive(Debug)]
+pub struct EventClaim(Option<redis::Lease>);
+
+impl EventClaim {
+    /// Whether the claim lapsed and another replica may be sending the
+    /// event now.
+    pub fn lost(&self) -> bool {
+        self.0.as_ref().is_some_and(redis::Lease::lost)
+    }
+}
+
+/// What claiming a kept event found.
+#[derive(Debug)]
+pub enum KeptClaim {
+    /// This process may send it.
+    Ours(EventClaim),
+    /// Another replica is sending it; its claim lapses in about this long
+    /// unless renewed.
+    Theirs(std::time::Duration),
+}
+
 impl Storage {
     /// Opens the configured backend; its writer reports each group
     /// commit's duration to `metrics`.
@@ -339,13 +363,38 @@ impl Storage {
         }
     }
 
-    /// Claims a kept event for redelivery: `false` if another replica
-    /// took it first.
-    pub async fn take_kept_event(&self, id: &str) -> Result<bool, StorageError> {
+    /// One kept event's body, if it is still kept (not delivered by now).
+    /// Waits for queued writes first, so that an event kept a moment ago
+    /// is found.
+    pub async fn kept_event(&self, id: &str) -> Result<Option<String>, StorageError> {
+        self.flush().await?;
         match self {
-            Storage::Redis(r) => r.take_kept_event(id).await,
-            // One process: nobody else takes it; it is forgotten once sent.
-            _ => Ok(true),
+            Storage::Memory => Ok(None),
+            Storage::Sqlite(s) => s.kept_event(id).await,
+            Storage::Redis(r) => r.kept_event(id).await,
+        }
+    }
+
+    /// Claims a kept event for sending, so that one replica at a time
+    /// sends it.
+    pub async fn claim_kept_event(&self, id: &str) -> Result<KeptClaim, StorageError> {
+        match self {
+            Storage::Redis(r) => Ok(match r.claim_event(id).await? {
+                Ok(lease) => KeptClaim::Ours(EventClaim(Some(lease))),
+                Err(left) => KeptClaim::Theirs(left),
+            }),
+            // One process per store: the webhook's own bookkeeping keeps
+            // it from sending an event twice at once.
+            _ => Ok(KeptClaim::Ours(EventClaim(None))),
+        }
+    }
+
+    /// Gives up a kept event's claim (after the event was forgotten, if it
+    /// was delivered, so that nobody who claims it next finds it kept).
+    pub async fn release_kept_event(&self, claim: EventClaim) -> Result<(), StorageError> {
+        match (self, claim.0) {
+            (Storage::Redis(r), Some(lease)) => r.release_event(lease).await,
+            _ => Ok(()),
         }
     }
 

@@ -9,6 +9,8 @@
 //! - `P:active`: sorted set of ids by last activity (expiry, eviction);
 //! - `P:u:{user}`: set of the ids a user spoke in;
 //! - `P:lease:{id}`: which replica holds the session's turn, with expiry;
+//! - `P:undelivered`: hash, webhook events kept until delivered, by id;
+//! - `P:event-claim:{id}`: which replica is sending a kept event, with expiry;
 //! - channel `P:interrupt`: "stop your reply in flight for this id".
 //!
 //! A replica takes a session's lease before it changes the session, renews
@@ -67,6 +69,14 @@ pub struct Lease {
     pub(super) id: String,
     pub(super) token: String,
     renewal: CancellationToken,
+}
+
+impl Lease {
+    /// Whether the lease was found taken by another holder (it had lapsed)
+    /// or is no longer renewed.
+    pub fn lost(&self) -> bool {
+        self.renewal.is_cancelled()
+    }
 }
 
 impl Drop for Lease {
@@ -316,14 +326,72 @@ impl Redis {
         Ok(kept.into_iter().collect())
     }
 
-    pub async fn take_kept_event(&self, id: &str) -> Result<bool, StorageError> {
+    /// One kept event's body, if it is still kept.
+    pub async fn kept_event(&self, id: &str) -> Result<Option<String>, StorageError> {
         let mut conn = self.conn.clone();
-        let taken: i64 = redis::cmd("HDEL")
+        Ok(redis::cmd("HGET")
             .arg(format!("{}:undelivered", self.prefix))
             .arg(id)
             .query_async(&mut conn)
+            .await?)
+    }
+
+    /// Claims a kept event for sending: a lease on `P:event-claim:{id}`,
+    /// renewed while held, so that it lapses within `lease_ms` if this
+    /// replica dies mid-delivery. `Err` with the time left on the claim
+    /// when another replica holds it.
+    pub async fn claim_event(&self, id: &str) -> Result<Result<Lease, Duration>, StorageError> {
+        let key = self.key("event-claim", id);
+        let token = format!(
+            "{}:{}",
+            self.replica,
+            self.next_token.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut conn = self.conn.clone();
+        let (taken, ttl): (Option<String>, i64) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.lease_ms)
+            .cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
             .await?;
-        Ok(taken == 1)
+        if taken.is_none() {
+            // -2: let go just now; -1 (no expiry, not set by recall): look
+            // again as if it were a claim of ours.
+            let left = match ttl {
+                -1 => self.lease_ms,
+                t => t.max(0) as u64,
+            };
+            return Ok(Err(Duration::from_millis(left)));
+        }
+        let renewal = CancellationToken::new();
+        tokio::spawn(renew(
+            conn,
+            key,
+            token.clone(),
+            self.lease_ms,
+            renewal.clone(),
+        ));
+        Ok(Ok(Lease {
+            id: id.to_owned(),
+            token,
+            renewal,
+        }))
+    }
+
+    /// Gives up a kept event's claim, if this replica still holds it.
+    pub async fn release_event(&self, lease: Lease) -> Result<(), StorageError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = redis::Script::new(RELEASE)
+            .key(self.key("event-claim", &lease.id))
+            .arg(&lease.token)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
     }
 
     pub async fn count(&self) -> Result<usize, StorageError> {
@@ -398,7 +466,11 @@ async fn renew(
             .await;
         match renewed {
             Ok(1) => {}
-            Ok(_) => return,
+            Ok(_) => {
+                // Lost: a holder that asks (`Lease::lost`) stops acting on it.
+                stop.cancel();
+                return;
+            }
             Err(e) => tracing::warn!(error = %e, key = %key, "could not renew a session lease"),
         }
     }

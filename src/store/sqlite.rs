@@ -273,6 +273,18 @@ impl Sqlite {
         .await
     }
 
+    /// One kept event's body, if it is still kept.
+    pub async fn kept_event(&self, id: &str) -> Result<Option<String>, StorageError> {
+        let id = id.to_owned();
+        self.read(move |conn| {
+            let mut stmt =
+                conn.prepare_cached("SELECT body FROM undelivered_events WHERE id = ?1")?;
+            let mut rows = stmt.query_map([&id], |r| r.get(0))?;
+            Ok(rows.next().transpose()?)
+        })
+        .await
+    }
+
     pub async fn count(&self) -> Result<usize, StorageError> {
         self.read(|conn| {
             let n: i64 = conn.query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))?;

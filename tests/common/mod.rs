@@ -514,19 +514,32 @@ pub struct WebhookReceiver {
 struct ReceiverState {
     fail_first: AtomicUsize,
     attempts: AtomicUsize,
+    /// How long each answer takes.
+    delay: Mutex<Duration>,
     received: Mutex<Vec<(HeaderMap, Vec<u8>)>>,
+    /// Every attempt's headers, refused ones included.
+    tried: Mutex<Vec<HeaderMap>>,
 }
 
 impl WebhookReceiver {
     pub async fn start(fail_first: usize) -> Self {
+        Self::start_slow(fail_first, Duration::ZERO).await
+    }
+
+    /// The same, taking `delay` to answer each attempt.
+    pub async fn start_slow(fail_first: usize, delay: Duration) -> Self {
         let state = Arc::new(ReceiverState::default());
         state.fail_first.store(fail_first, Ordering::SeqCst);
+        *state.delay.lock().unwrap() = delay;
         let router = axum::Router::new()
             .fallback(
                 |State(state): State<Arc<ReceiverState>>,
                  headers: HeaderMap,
                  body: axum::body::Bytes| async move {
                     state.attempts.fetch_add(1, Ordering::SeqCst);
+                    state.tried.lock().unwrap().push(headers.clone());
+                    let delay = *state.delay.lock().unwrap();
+                    tokio::time::sleep(delay).await;
                     let failing = state
                         .fail_first
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -553,7 +566,17 @@ impl WebhookReceiver {
         self.state.attempts.load(Ordering::SeqCst)
     }
 
-    /// Delivered events, parsed, with their signature header.
+    /// Every attempt's headers, in order, refused ones included.
+    pub fn tried(&self) -> Vec<HeaderMap> {
+        self.state.tried.lock().unwrap().clone()
+    }
+
+    /// Accepted deliveries: headers and body.
+    pub fn deliveries(&self) -> Vec<(HeaderMap, Vec<u8>)> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    /// Delivered events, parsed, with their `webhook-signature` header.
     pub fn events(&self) -> Vec<(Option<String>, Vec<u8>, Value)> {
         self.state
             .received
@@ -562,7 +585,7 @@ impl WebhookReceiver {
             .iter()
             .map(|(h, body)| {
                 let sig = h
-                    .get("x-recall-signature")
+                    .get("webhook-signature")
                     .map(|v| v.to_str().unwrap().to_owned());
                 (sig, body.clone(), serde_json::from_slice(body).unwrap())
             })

@@ -103,11 +103,13 @@ def http(method: str, url: str, body=None, timeout: float = 5.0):
 class Stack:
     """An upstream (scripted or llmock) and recall in front of it."""
 
-    def __init__(self, upstream: str = "scripted", extra_config: str = ""):
+    def __init__(self, upstream: str = "scripted", extra_config: str = "", env: dict | None = None):
         if upstream not in UPSTREAMS:
             raise ValueError(f"upstream must be one of {UPSTREAMS}, not {upstream!r}")
         self.upstream = upstream
         self.extra_config = extra_config
+        # Variables recall gets on top of ours (a webhook secret, say).
+        self.env = dict(env or {})
         self.dir = Path(tempfile.mkdtemp(prefix=f"recall-sdk-{upstream}-"))
         self.procs: list[subprocess.Popen] = []
         self.recall_url = ""
@@ -180,6 +182,7 @@ class Stack:
             env = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
             env["RUST_LOG"] = os.environ.get("RECALL_SDK_LOG", "recall=info,warn")
             env["NO_COLOR"] = "1"  # plain log lines, shown when a test fails
+            env.update(self.env)
             proc = self._spawn([str(binary), "--config", str(config)], self.recall_log, env=env)
             try:
                 self._wait_ready(proc, f"http://127.0.0.1:{port}/readyz", self.recall_log, "recall")
