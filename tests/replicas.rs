@@ -433,3 +433,51 @@ async fn a_kept_event_claimed_by_a_dead_replica_is_sent_once_its_claim_lapses() 
     assert_eq!(hook.deliveries()[0].0["webhook-id"], "msg_orphan");
     assert!(b.app.policy.storage.kept_events().await.unwrap().is_empty());
 }
+
+/// A session's lease that is dropped without being released (an error
+/// after the claim, a client that left before its turn began) is given up
+/// at once, not when it lapses: another replica claims it without waiting.
+#[tokio::test]
+async fn a_dropped_lease_is_released_at_once() {
+    let Some(config) = shared("lease_ms = 30000\n").map(|c| c.replace("lease_ms = 1000\n", ""))
+    else {
+        return;
+    };
+    let config = format!("{config}\n[[upstreams]]\nname = \"m\"\nbase_url = \"mock://echo\"\n");
+    let config = recall::Config::parse(&config, std::path::Path::new("test.toml")).unwrap();
+    let metrics = recall::metrics::Metrics::default();
+    let a = recall::store::Storage::open(&config.storage, &metrics)
+        .await
+        .unwrap();
+    let b = recall::store::Storage::open(&config.storage, &metrics)
+        .await
+        .unwrap();
+    let (mut attempted, mut released) = (0, 0);
+    for round in 0..20 {
+        let id = format!("dropped-{round}");
+        let held = a.claim(&id, recall::store::Wait::No).await.unwrap();
+        assert!(held.is_some());
+        assert!(
+            b.claim(&id, recall::store::Wait::No)
+                .await
+                .unwrap()
+                .is_none(),
+            "a held lease is not given to another replica"
+        );
+        attempted += 1;
+        drop(held);
+        // The release is queued to the writer; give it a moment, far
+        // shorter than the 30 s lease.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(3) {
+            if let Some(claim) = b.claim(&id, recall::store::Wait::No).await.unwrap() {
+                released += 1;
+                b.release(claim).durable().await.unwrap();
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    eprintln!("dropped leases: attempted {attempted}, released at once {released}");
+    assert_eq!(released, attempted);
+}

@@ -270,13 +270,7 @@ impl Storage {
     /// Gives a claim up once the writes queued before it are done.
     pub fn release(&self, claim: Claim) -> Ticket {
         match claim.0 {
-            Some(lease) => {
-                let op = Op::Release {
-                    id: lease.id.clone(),
-                    token: lease.token.clone(),
-                };
-                self.submit(vec![op])
-            }
+            Some(lease) => self.submit(vec![lease.release_op()]),
             None => Ticket::ready(),
         }
     }

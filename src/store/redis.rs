@@ -62,13 +62,18 @@ pub struct Redis {
     on_interrupt: Arc<OnceLock<OnInterrupt>>,
 }
 
-/// A session's lease, held by this replica. Dropping it stops the renewal;
-/// `Storage::release` gives it up once earlier writes are done.
+/// A lease held by this replica. Dropping it stops the renewal.
+/// `Storage::release` gives a session's lease up once earlier writes are
+/// done; a session's lease dropped without it (an error or a client that
+/// left between the claim and the turn) queues its own release, rather
+/// than keep other replicas waiting until it lapses.
 #[derive(Debug)]
 pub struct Lease {
     pub(super) id: String,
     pub(super) token: String,
     renewal: CancellationToken,
+    /// A session's lease: the writer's queue, for the release on drop.
+    release_on_drop: Option<mpsc::UnboundedSender<Batch>>,
 }
 
 impl Lease {
@@ -77,11 +82,28 @@ impl Lease {
     pub fn lost(&self) -> bool {
         self.renewal.is_cancelled()
     }
+
+    /// The op that gives the lease up; the drop then queues nothing.
+    pub(super) fn release_op(mut self) -> Op {
+        self.release_on_drop = None;
+        Op::Release {
+            id: std::mem::take(&mut self.id),
+            token: std::mem::take(&mut self.token),
+        }
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         self.renewal.cancel();
+        if let Some(tx) = self.release_on_drop.take() {
+            let ops = vec![Op::Release {
+                id: std::mem::take(&mut self.id),
+                token: std::mem::take(&mut self.token),
+            }];
+            // A writer that has stopped has nothing left to release into.
+            let _ = tx.send(Batch { ops, done: None });
+        }
     }
 }
 
@@ -195,6 +217,7 @@ impl Redis {
                     id: id.to_owned(),
                     token,
                     renewal,
+                    release_on_drop: Some(self.tx.clone()),
                 }));
             }
             if wait == Wait::No || tokio::time::Instant::now() >= deadline {
@@ -380,6 +403,7 @@ impl Redis {
             id: id.to_owned(),
             token,
             renewal,
+            release_on_drop: None,
         }))
     }
 
