@@ -235,6 +235,17 @@ async fn open_turn(
             };
             Some(storage.claim(id, wait).await?.ok_or_else(busy)?)
         } else {
+            if storage.needs_reload(id) {
+                // A write failed: the reply still in flight is settled
+                // first, so that the session can be reloaded from storage
+                // (`Store::find`) before this turn begins.
+                if let Some(local) = app.sessions.get(id) {
+                    match local.settle(app.policy.on_new_request) {
+                        Ok(()) | Err(Refused::Ended) => {}
+                        Err(Refused::Busy) => return Err(busy()),
+                    }
+                }
+            }
             None
         };
         // With shared storage this reads what the previous holder wrote.
