@@ -102,7 +102,11 @@ pub enum ApiError {
     /// A bug in recall, not anybody's input; details are in the log.
     #[error("internal error in recall")]
     Internal,
-    #[error("memory storage is unavailable: {0}")]
+    /// Storage did not take a write. The session is reloaded from storage
+    /// before its next request, so its history holds what was stored:
+    /// nothing of this request, or (when only the reply's record failed)
+    /// its own messages without a reply, which a retry does not repeat.
+    #[error("memory storage is unavailable ({0}): this request did not complete, the session's history holds at most its messages and never its reply, and a retry of it runs it once")]
     Storage(#[from] crate::store::StorageError),
     #[error("recall is at its limit of {limit} upstream calls at once (server.max_concurrent_upstream); retry shortly")]
     Overloaded { limit: usize },

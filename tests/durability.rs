@@ -103,20 +103,45 @@ struct Process {
 
 impl Process {
     fn start(config: &str) -> Self {
+        Self::start_limited(config, None)
+    }
+
+    /// With `max_file_bytes`, no file the process writes may grow past it
+    /// (`RLIMIT_FSIZE`; SIGXFSZ ignored, so a write past it fails with
+    /// EFBIG as on a full disk).
+    fn start_limited(config: &str, max_file_bytes: Option<u64>) -> Self {
+        use std::os::unix::process::CommandExt;
         let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("recall-proc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{}.toml", rand_tag()));
         std::fs::write(&path, config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_recall"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_recall"));
+        command
             .arg("--config")
             .arg(&path)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::inherit());
+        if let Some(max) = max_file_bytes {
+            // SAFETY: between fork and exec only async-signal-safe calls
+            // are made: setrlimit and signal.
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: max as libc::rlim_t,
+                        rlim_max: max as libc::rlim_t,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let (url, listening) = loop {
@@ -465,4 +490,213 @@ async fn worker_threads_sets_the_serving_threads() {
         let want: Vec<String> = (0..n).map(|k| format!("recall-serve-{k}")).collect();
         assert_eq!(serving, want);
     }
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// `None` where mounting is not allowed (not root, no `mount`).
+    fn mount(name: &str, size: &str) -> Option<Self> {
+        let dir = PathBuf::from(format!("/tmp/recall-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Self(dir))
+    }
+
+    fn remount(&self, options: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(status.success(), "remount {options}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// How the full-disk test fills its disk.
+enum Filling {
+    /// A 1 MiB tmpfs, later grown.
+    Tmpfs(Tmpfs),
+    /// A limit on the size of the files recall writes, lifted by a restart.
+    FileSize,
+}
+
+/// Clients of three sessions keep sending turns (retrying a turn until it
+/// is acknowledged) to a recall whose SQLite disk fills up (a tmpfs where
+/// the test may mount one, else a file size limit). Every answer
+/// is either the turn's end or a 503 `storage_unavailable` after which
+/// the turn's reply is not in the history. Space is freed; the pending
+/// turns go through on their retry; after a restart every acknowledged
+/// turn is there once, in order, with its reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_disk_gets_truthful_503s_and_loses_nothing() {
+    if !runs_here() {
+        return;
+    }
+    // RECALL_TEST_FULL_DISK=filesize tries the fallback where tmpfs works.
+    let tmpfs = std::env::var("RECALL_TEST_FULL_DISK").as_deref() != Ok("filesize");
+    let (filling, db) = match tmpfs.then(|| Tmpfs::mount("full", "1m")).flatten() {
+        Some(fs) => {
+            let db = fs.0.join("recall.db");
+            (Filling::Tmpfs(fs), db)
+        }
+        None => (Filling::FileSize, temp_db("full")),
+    };
+    let upstream = MockUpstream::start().await;
+    let config = process_config(&db, &upstream, "");
+    let mut recall = match &filling {
+        Filling::Tmpfs(_) => Process::start(&config),
+        Filling::FileSize => Process::start_limited(&config, Some(768 << 10)),
+    };
+    let client = reqwest::Client::new();
+    let pad = "x".repeat(3000);
+    let sessions = ["full-a", "full-b", "full-c"];
+    let mut acked: Vec<Vec<String>> = vec![Vec::new(); 3];
+    let mut pending: Vec<Option<String>> = vec![None; 3];
+    let mut failures = [0usize; 3];
+    let (mut attempted, mut told) = (0usize, 0usize);
+    let turn = |url: String, session: &'static str, text: String, retry: bool| {
+        let client = client.clone();
+        async move {
+            let mut req = client
+                .post(format!("{url}/v1/chat/completions"))
+                .header("x-session-id", session)
+                .json(&json!({"model": "m", "messages": [user(&text)]}));
+            if retry {
+                req = req.header("x-stainless-retry-count", "1");
+            }
+            let resp = req.send().await.unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let history = |url: String, session: &'static str| {
+        let client = client.clone();
+        async move {
+            let hist: Value = client
+                .get(format!("{url}/v1/sessions/{session}/history"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            hist["contents"].as_array().cloned().unwrap_or_default()
+        }
+    };
+
+    // Fill the disk: until every session has failed three times in a row.
+    for t in 0..3000 {
+        if failures.iter().all(|&f| f >= 3) {
+            break;
+        }
+        let i = t % 3;
+        let text = pending[i]
+            .clone()
+            .unwrap_or_else(|| format!("{} turn {t} {pad}", sessions[i]));
+        attempted += 1;
+        let (status, body) = turn(
+            recall.url.clone(),
+            sessions[i],
+            text.clone(),
+            pending[i].is_some(),
+        )
+        .await;
+        if status == 200 {
+            acked[i].push(text);
+            pending[i] = None;
+            failures[i] = 0;
+            continue;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["code"], "storage_unavailable", "{body}");
+        told += 1;
+        failures[i] += 1;
+        // Truthful: the turn's reply is not in the history.
+        let stored = history(recall.url.clone(), sessions[i]).await;
+        let at = stored.iter().position(|m| m["content"] == json!(text));
+        assert!(
+            at.is_none_or(|at| at + 1 == stored.len()),
+            "a 503'd turn has a reply stored after it"
+        );
+        pending[i] = Some(text);
+    }
+    assert!(failures.iter().all(|&f| f >= 3), "the disk never filled");
+    let filled_after: usize = acked.iter().map(Vec::len).sum();
+
+    // Free space (or lift the limit, which takes a restart). (A read-only
+    // remount is refused while recall holds its files open for writing.)
+    match &filling {
+        Filling::Tmpfs(fs) => fs.remount("size=64m"),
+        Filling::FileSize => {
+            drop(recall);
+            recall = Process::start(&config);
+        }
+    }
+    for i in 0..3 {
+        if let Some(text) = pending[i].take() {
+            attempted += 1;
+            let (status, body) = turn(recall.url.clone(), sessions[i], text.clone(), true).await;
+            assert_eq!(status, 200, "{body}");
+            acked[i].push(text);
+        }
+        let text = format!("{} after {pad}", sessions[i]);
+        attempted += 1;
+        let (status, body) = turn(recall.url.clone(), sessions[i], text.clone(), false).await;
+        assert_eq!(status, 200, "{body}");
+        acked[i].push(text);
+    }
+
+    recall.signal("TERM");
+    let _ = recall.child.wait();
+    let restarted = Process::start(&config);
+    let (mut found, mut lost, mut duplicated) = (0, 0, 0);
+    for i in 0..3 {
+        let stored = history(restarted.url.clone(), sessions[i]).await;
+        let said: Vec<&Value> = stored.iter().filter(|m| m["role"] == "user").collect();
+        found += said.len();
+        for text in &acked[i] {
+            match said.iter().filter(|m| m["content"] == json!(text)).count() {
+                0 => lost += 1,
+                1 => {}
+                n => duplicated += n - 1,
+            }
+        }
+        let order: Vec<&str> = said.iter().filter_map(|m| m["content"].as_str()).collect();
+        assert_eq!(
+            order,
+            acked[i].iter().map(String::as_str).collect::<Vec<_>>()
+        );
+        for (j, m) in stored.iter().enumerate() {
+            if m["role"] == "user" {
+                assert_eq!(
+                    stored.get(j + 1).map(|r| &r["role"]),
+                    Some(&json!("assistant"))
+                );
+            }
+        }
+    }
+    let how = match filling {
+        Filling::Tmpfs(_) => "a 1 MiB tmpfs, grown to 64 MiB",
+        Filling::FileSize => "a 768 KiB file size limit (no tmpfs here), lifted by a restart",
+    };
+    let acknowledged: usize = acked.iter().map(Vec::len).sum();
+    eprintln!(
+        "full disk ({how}): {attempted} requests, {acknowledged} turns acknowledged \
+         ({filled_after} before the disk was full), {told} answered 503 storage_unavailable; \
+         after a restart {found} found, {lost} lost, {duplicated} duplicated"
+    );
+    assert_eq!((lost, duplicated, found), (0, 0, acknowledged));
 }

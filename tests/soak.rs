@@ -223,3 +223,201 @@ fn check_invariants(
     }
     cut
 }
+
+/// What one client of the storage-fault soak saw.
+#[derive(Default)]
+struct Client {
+    /// Requests sent, retries included.
+    requests: usize,
+    /// Turns whose end the client received, in order.
+    acknowledged: Vec<String>,
+    /// Turns the client was told were not stored (a 503 or a stream's
+    /// error event), and that it then gave up on.
+    abandoned: Vec<String>,
+    /// Answers that told the client storage failed.
+    told: usize,
+}
+
+/// One turn, retried as an SDK would while storage fails; `Ok(true)` when
+/// acknowledged.
+async fn turn_with_retries(h: &Harness, session: &str, text: &str, stream: bool, c: &mut Client) {
+    for attempt in 0..8u32 {
+        c.requests += 1;
+        let mut req = h
+            .client
+            .post(format!("{}/v1/chat/completions", h.url))
+            .header("x-session-id", session)
+            .json(&json!({"model": "m", "stream": stream, "messages": [user(text)]}));
+        if attempt > 0 {
+            req = req.header("x-stainless-retry-count", attempt.to_string());
+        }
+        let resp = req.send().await.expect("recall answers");
+        let status = resp.status().as_u16();
+        let body = resp.text().await.unwrap_or_default();
+        let complete = body.contains("[DONE]") || body.contains("\"choices\"");
+        if status == 200 && complete && !body.contains("\"error\"") {
+            c.acknowledged.push(text.to_owned());
+            return;
+        }
+        // Storage is the only thing failing here, and the client is told.
+        assert!(
+            body.contains("storage_unavailable"),
+            "{session}: {text}: {status} {body}"
+        );
+        c.told += 1;
+    }
+    c.abandoned.push(text.to_owned());
+}
+
+const FAULT_SESSIONS: usize = 200;
+const FAULT_TURNS: usize = 20;
+
+/// 200 sessions × 20 turns while storage fails at random (3% of session
+/// writes, 0.5% of whole rounds), with SDK-style retries; then, live and
+/// after a restart: every acknowledged turn is stored exactly once, in
+/// order, with its reply, and every stored user message is one whose
+/// client was answered (acknowledged, or told it was not stored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storage_faults_lose_and_duplicate_no_acknowledged_turn() {
+    let backend = std::env::var("RECALL_TEST_BACKEND").unwrap_or_default();
+    if backend != "sqlite" && backend != "redis" {
+        eprintln!("soak storage faults: memory storage has no writes to fail; runs with RECALL_TEST_BACKEND=sqlite or redis");
+        return;
+    }
+    let storage = storage_section();
+    let upstream = MockUpstream::start().await;
+    let config = |upstream: &MockUpstream| {
+        format!(
+            "{storage}\n[history]\nmax_messages = 0\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+            upstream.base_url()
+        )
+    };
+    let h = Arc::new(Harness::with_config(&config(&upstream), upstream.clone()).await);
+    let mut rng = Lcg(0xfa17);
+    for _ in 0..FAULT_SESSIONS * FAULT_TURNS * 11 / 10 {
+        if rng.below(3) == 0 {
+            upstream.push(sse_text(&["a ", "streamed ", "answer"], Duration::ZERO));
+        } else {
+            upstream.push(completion("a whole answer"));
+        }
+    }
+    let faults = h.app.policy.storage.faults().expect("fault hooks");
+    faults.random(0x5eed, 30, 5);
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for s in 0..FAULT_SESSIONS {
+        let h = Arc::clone(&h);
+        tasks.push(tokio::spawn(async move {
+            let session = format!("faulty-{s}");
+            let mut rng = Lcg(s as u64 + 7);
+            let mut c = Client::default();
+            for t in 0..FAULT_TURNS {
+                let stream = rng.below(2) == 0;
+                turn_with_retries(&h, &session, &format!("s{s} t{t}"), stream, &mut c).await;
+            }
+            (session, c)
+        }));
+    }
+    let mut clients = Vec::new();
+    for t in tasks {
+        clients.push(t.await.unwrap());
+    }
+    let ran = started.elapsed();
+    faults.clear();
+    let (rounds, batches) = faults.injected();
+
+    let live = stored_turns(&h, &clients).await;
+    let h = Arc::into_inner(h).expect("the clients are done");
+    h.app.wind_down().await;
+    drop(h);
+    let restarted = Harness::with_config(&config(&upstream), upstream.clone()).await;
+    let found = stored_turns(&restarted, &clients).await;
+    let differ = live.iter().zip(&found).filter(|(l, f)| l != f).count();
+
+    let requests: usize = clients.iter().map(|(_, c)| c.requests).sum();
+    let told: usize = clients.iter().map(|(_, c)| c.told).sum();
+    let acknowledged: usize = clients.iter().map(|(_, c)| c.acknowledged.len()).sum();
+    let abandoned: usize = clients.iter().map(|(_, c)| c.abandoned.len()).sum();
+    let mut lost = 0;
+    let mut duplicated = 0;
+    let mut found_total = 0;
+    for ((session, c), stored) in clients.iter().zip(&found) {
+        found_total += stored.len();
+        let mut seen = std::collections::HashSet::new();
+        duplicated += stored.iter().filter(|t| !seen.insert(t.as_str())).count();
+        lost += c
+            .acknowledged
+            .iter()
+            .filter(|t| !seen.contains(t.as_str()))
+            .count();
+        // In order, and nothing stored that its client was not answered
+        // about.
+        let acked: Vec<&String> = stored
+            .iter()
+            .filter(|t| c.acknowledged.contains(t))
+            .collect();
+        assert_eq!(
+            acked,
+            c.acknowledged.iter().collect::<Vec<_>>(),
+            "{session}: order"
+        );
+        for t in stored {
+            assert!(
+                c.acknowledged.contains(t) || c.abandoned.contains(t),
+                "{session}: {t:?} is stored but its client was never answered"
+            );
+        }
+    }
+    eprintln!(
+        "soak storage faults ({backend}): {} turns attempted in {requests} requests ({:.1} s), \
+         {acknowledged} acknowledged, {told} answers told storage failed, {abandoned} given up; \
+         injected {rounds} failed rounds and {batches} failed session writes; \
+         after a restart {found_total} found, {lost} lost, {duplicated} duplicated",
+        FAULT_SESSIONS * FAULT_TURNS,
+        ran.as_secs_f64()
+    );
+    assert_eq!((lost, duplicated), (0, 0));
+    assert_eq!(
+        differ, 0,
+        "sessions a restart finds otherwise than they were live"
+    );
+    assert!(
+        rounds + batches > 50,
+        "the faults happened: {rounds} rounds, {batches} writes"
+    );
+    assert!(told > 50, "clients were told: {told}");
+}
+
+/// Each client's stored user messages, in order; every acknowledged one
+/// must be followed by its reply.
+async fn stored_turns(h: &Harness, clients: &[(String, Client)]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (session, c) in clients {
+        let (status, hist) = h.history(session).await;
+        if status == 404 {
+            out.push(Vec::new());
+            continue;
+        }
+        assert_eq!(status, 200, "{session}: {hist}");
+        let contents = hist["contents"].as_array().unwrap();
+        let mut said = Vec::new();
+        for (i, m) in contents.iter().enumerate() {
+            if m["role"] != "user" {
+                continue;
+            }
+            let text = m["content"].as_str().unwrap_or_default().to_owned();
+            if c.acknowledged.contains(&text) {
+                let reply = contents.get(i + 1);
+                assert!(
+                    reply.is_some_and(
+                        |r| r["role"] == "assistant" && r["metadata"]["interrupted"] != true
+                    ),
+                    "{session}: acknowledged {text:?} has no reply: {hist}"
+                );
+            }
+            said.push(text);
+        }
+        out.push(said);
+    }
+    out
+}

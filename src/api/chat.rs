@@ -220,14 +220,19 @@ async fn open_turn(
     let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
     let storage = &app.policy.storage;
     loop {
-        let claim = if storage.shared() {
-            // This process's own reply first, then the other replicas'.
+        // This process's own reply is settled first: with shared storage
+        // before the other replicas' (a turn never waits on its own
+        // process's lease), and after a failed write before the session
+        // is reloaded from storage (`Store::find`).
+        if storage.shared() || storage.needs_reload(id) {
             if let Some(local) = app.sessions.get(id) {
                 match local.settle(&app.policy, app.policy.on_new_request) {
                     Ok(()) | Err(Refused::Ended) => {}
                     Err(Refused::Busy) => return Err(busy()),
                 }
             }
+        }
+        let claim = if storage.shared() {
             let wait = match app.policy.on_new_request {
                 OnNewRequest::Interrupt => Wait::Interrupt,
                 OnNewRequest::Reject => Wait::No,

@@ -8,12 +8,16 @@
 //! depends on: a user message is durable before its upstream call, a reply
 //! before its `[DONE]` or body is released.
 
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 pub mod redis;
 pub mod sqlite;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -37,6 +41,12 @@ pub enum StorageError {
     Corrupt(String),
     #[error("the storage writer has stopped")]
     Stopped,
+    /// A write the writer could not make durable (its reason).
+    #[error("not stored: {0}")]
+    NotStored(String),
+    /// A writer's own reason for failing a write (no library error).
+    #[error("{0}")]
+    Failed(String),
     #[error("storage task failed: {0}")]
     Task(String),
 }
@@ -73,10 +83,13 @@ pub struct Listed {
 pub enum Op {
     /// Creates the session or replaces its meta.
     Save { id: String, meta: Meta },
-    /// Updates the fields of a saved session's meta that move with its
-    /// turns, leaving its users and system messages as they are.
+    /// Updates the fields of a session's meta that move with its turns,
+    /// leaving its users and system messages as they are. An upsert: a
+    /// session it finds missing is created without users or system
+    /// messages, so that what is stored can always be loaded.
     Touch {
         id: String,
+        created_ms: i64,
         last_active_ms: i64,
         turn_id: u64,
         first_seq: u64,
@@ -107,6 +120,28 @@ pub enum Op {
     KeepEvent { id: String, body: String },
     /// Forgets a kept event (delivered at last).
     ForgetEvent { id: String },
+    /// The session's memory was just rebuilt from what storage holds (or
+    /// started anew): its writes apply again after a failed one (see
+    /// `Fences`). Writes nothing.
+    Resume { id: String },
+}
+
+impl Op {
+    /// The session whose stored data this op changes (not a lease or a
+    /// webhook event).
+    pub fn session(&self) -> Option<&str> {
+        match self {
+            Op::Save { id, .. }
+            | Op::Touch { id, .. }
+            | Op::Push { id, .. }
+            | Op::Set { id, .. }
+            | Op::DropBefore { id, .. }
+            | Op::Clear { id }
+            | Op::Delete { id, .. }
+            | Op::Resume { id } => Some(id),
+            Op::Release { .. } | Op::KeepEvent { .. } | Op::ForgetEvent { .. } => None,
+        }
+    }
 }
 
 /// Resolves when the ops it was issued for are durable (or failed).
@@ -132,7 +167,7 @@ impl Ticket {
         for rx in self.0 {
             match rx.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(StorageError::Task(e)),
+                Ok(Err(e)) => return Err(StorageError::NotStored(e)),
                 Err(_) => return Err(StorageError::Stopped),
             }
         }
@@ -145,11 +180,122 @@ impl Ticket {
     }
 }
 
-/// A batch of ops and whom to tell when it is durable.
+/// A batch of ops and whom to tell when it is durable. A batch is one
+/// change of one session (`Session::persist`), a lease's release, or a
+/// webhook event's: the writers apply it whole or not at all.
 pub(crate) struct Batch {
     pub ops: Vec<Op>,
     pub done: Option<oneshot::Sender<Result<(), String>>>,
 }
+
+impl Batch {
+    /// The session whose data it changes, if any.
+    pub fn session(&self) -> Option<&str> {
+        self.ops.iter().find_map(Op::session)
+    }
+
+    /// Whether it may be applied to a fenced session: it starts over from
+    /// what storage holds (`Resume`) or forgets the session (`Delete`).
+    fn lifts_fence(&self) -> bool {
+        matches!(
+            self.ops.iter().find(|op| op.session().is_some()),
+            Some(Op::Resume { .. } | Op::Delete { .. })
+        )
+    }
+}
+
+/// Sessions a write failed for, kept by the backend's writer.
+///
+/// Storage must hold a prefix of each session's changes, in order: after
+/// one of them fails, the later ones (queued meanwhile from a memory that
+/// already holds the failed change) are refused too, or storage would hold
+/// a reply without its user message, or messages without the session's
+/// row. The session store sees the fence (`Storage::needs_reload`),
+/// reloads the session from storage before it serves it again, and the
+/// session's next write begins with `Op::Resume`, which lifts the fence.
+#[derive(Default)]
+pub(crate) struct Fences {
+    /// `ids.len()`, read without the lock on the request path.
+    count: AtomicUsize,
+    ids: Mutex<HashSet<String>>,
+}
+
+impl Fences {
+    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.count.load(Ordering::Acquire) > 0 && self.ids().contains(id)
+    }
+
+    pub fn insert(&self, id: &str) {
+        let mut ids = self.ids();
+        if ids.insert(id.to_owned()) {
+            self.count.store(ids.len(), Ordering::Release);
+        }
+    }
+
+    pub fn remove(&self, id: &str) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut ids = self.ids();
+        if ids.remove(id) {
+            self.count.store(ids.len(), Ordering::Release);
+        }
+    }
+
+    /// Whether a batch may be applied now: refused, with the reason, when
+    /// its session is fenced and it does not lift the fence.
+    pub fn admits(&self, batch: &Batch) -> Result<(), String> {
+        match batch.session() {
+            Some(id) if !batch.lifts_fence() && self.contains(id) => Err(format!(
+                "an earlier write of session `{id}` failed, and this later change was \
+                 refused with it; the session is reloaded from storage before its next request"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// After a batch is applied (or failed): a failure fences its
+    /// session, a `Resume` or `Delete` that went through lifts the fence.
+    pub fn settled(&self, batch: &Batch, result: &Result<(), String>) {
+        if let Some(id) = batch.session() {
+            match result {
+                Err(_) => self.insert(id),
+                Ok(()) if batch.lifts_fence() => self.remove(id),
+                Ok(()) => {}
+            }
+        }
+    }
+}
+
+/// The faults tests inject; without the `fault-injection` feature, none.
+#[cfg(not(feature = "fault-injection"))]
+#[derive(Default)]
+pub(crate) struct Faults;
+
+#[cfg(not(feature = "fault-injection"))]
+impl Faults {
+    #[inline]
+    pub fn round_fails(&self, _: usize) -> bool {
+        false
+    }
+
+    #[inline]
+    pub fn is_paused(&self) -> bool {
+        false
+    }
+
+    #[inline]
+    pub fn batch_fails(&self, _: &Batch) -> bool {
+        false
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+pub(crate) use faults::Faults;
 
 /// A writer's round: `first` and whatever else has queued up behind it,
 /// up to about `max_ops` ops (group commit).
@@ -172,11 +318,11 @@ pub(crate) fn gather(
     (batches, ops)
 }
 
-/// Tells every waiter of a round how it went.
-pub(crate) fn settle(batches: Vec<Batch>, result: &Result<(), String>) {
-    for b in batches {
+/// Tells each waiter of a round how its batch went.
+pub(crate) fn settle(batches: Vec<Batch>, results: Vec<Result<(), String>>) {
+    for (b, result) in batches.into_iter().zip(results) {
         if let Some(done) = b.done {
-            let _ = done.send(result.clone());
+            let _ = done.send(result);
         }
     }
 }
@@ -272,6 +418,27 @@ impl Storage {
         match claim.0 {
             Some(lease) => self.submit(vec![lease.release_op()]),
             None => Ticket::ready(),
+        }
+    }
+
+    /// Whether a write of session `id` failed: its local copy may hold
+    /// changes storage does not, and is reloaded before it is served
+    /// again (`session::Store::find`).
+    pub fn needs_reload(&self, id: &str) -> bool {
+        match self {
+            Storage::Memory => false,
+            Storage::Sqlite(s) => s.fences.contains(id),
+            Storage::Redis(r) => r.fences.contains(id),
+        }
+    }
+
+    /// The test hooks that make chosen writes fail (none with memory).
+    #[cfg(feature = "fault-injection")]
+    pub fn faults(&self) -> Option<&faults::Faults> {
+        match self {
+            Storage::Memory => None,
+            Storage::Sqlite(s) => Some(&s.faults),
+            Storage::Redis(r) => Some(&r.faults),
         }
     }
 

@@ -31,7 +31,7 @@ use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{Batch, Listed, Loaded, Meta, Op, StorageError, Ticket};
+use super::{Batch, Faults, Fences, Listed, Loaded, Meta, Op, StorageError, Ticket};
 use crate::config::StorageConfig;
 use crate::memory::message::Message;
 
@@ -60,6 +60,10 @@ pub struct Redis {
     replica: String,
     next_token: AtomicU64,
     on_interrupt: Arc<OnceLock<OnInterrupt>>,
+    /// Sessions whose writes failed (see `Fences`).
+    pub(crate) fences: Arc<Fences>,
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    pub(crate) faults: Arc<Faults>,
 }
 
 /// A lease held by this replica. Dropping it stops the renewal.
@@ -126,12 +130,18 @@ impl Redis {
         let prefix = config.key_prefix.clone();
         let known = Arc::new(DashMap::new());
         let (tx, rx) = mpsc::unbounded_channel();
+        let fences = Arc::new(Fences::default());
+        let faults: Arc<Faults> = Arc::default();
         tokio::spawn(write_loop(
-            conn.clone(),
-            prefix.clone(),
-            Arc::clone(&known),
+            Writer {
+                conn: conn.clone(),
+                prefix: prefix.clone(),
+                known: Arc::clone(&known),
+                writes,
+                fences: Arc::clone(&fences),
+                faults: Arc::clone(&faults),
+            },
             rx,
-            writes,
         ));
         let on_interrupt: Arc<OnceLock<OnInterrupt>> = Arc::new(OnceLock::new());
         tokio::spawn(listen(
@@ -150,6 +160,8 @@ impl Redis {
             replica,
             next_token: AtomicU64::new(0),
             on_interrupt,
+            fences,
+            faults,
         })
     }
 
@@ -523,191 +535,388 @@ async fn listen(client: redis::Client, channel: String, on_interrupt: Arc<OnceLo
     }
 }
 
-/// The writer: each round sends what has queued up as one MULTI/EXEC, and
-/// learns the new version of every session it touched.
-async fn write_loop(
-    mut conn: ConnectionManager,
+/// What the writer task holds.
+struct Writer {
+    conn: ConnectionManager,
     prefix: String,
     known: Arc<DashMap<String, u64>>,
-    mut rx: mpsc::UnboundedReceiver<Batch>,
     writes: Histogram,
-) {
+    fences: Arc<Fences>,
+    faults: Arc<Faults>,
+}
+
+/// The writer: each round sends what has queued up as one pipeline, with a
+/// MULTI/EXEC per session, and learns the new version of every session it
+/// wrote.
+async fn write_loop(mut w: Writer, mut rx: mpsc::UnboundedReceiver<Batch>) {
     while let Some(first) = rx.recv().await {
+        while w.faults.is_paused() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
         let started = std::time::Instant::now();
-        let result = apply(&mut conn, &prefix, &known, &batches).await;
-        writes.observe(started.elapsed().as_secs_f64());
-        let result = result.map_err(|e| {
-            tracing::error!(error = %e, ops, "redis write failed");
-            e.to_string()
-        });
-        super::settle(batches, &result);
+        let results = apply_round(&mut w, &batches).await;
+        w.writes.observe(started.elapsed().as_secs_f64());
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        if failed > 0 {
+            tracing::error!(ops, batches = batches.len(), failed, "redis writes failed");
+        }
+        for (b, r) in batches.iter().zip(&results) {
+            w.fences.settled(b, r);
+        }
+        super::settle(batches, results);
     }
 }
 
-async fn apply(
-    conn: &mut ConnectionManager,
-    prefix: &str,
-    known: &DashMap<String, u64>,
-    batches: &[Batch],
-) -> Result<(), StorageError> {
-    let key = |kind: &str, id: &str| format!("{prefix}:{kind}:{id}");
-    let mut pipe = redis::pipe();
-    pipe.atomic();
-    let mut touched: Vec<&str> = Vec::new();
+/// One transaction of a round: the batches of one session (or one batch
+/// that changes no session, a webhook event's), in order.
+struct Unit {
+    session: Option<String>,
+    batches: Vec<usize>,
+    /// Where its EXEC's answer is in the pipeline's answers.
+    exec_at: usize,
+    /// Whether it ends with the session's version bump.
+    bumps: bool,
+}
+
+/// One round: a MULTI/EXEC per session, all sent in one pipeline. Redis
+/// refuses a transaction whole (EXECABORT: out of memory, a bad command),
+/// so a session whose transaction fails fails alone; the others are
+/// stored. The sets of all sessions (`ids`, `active`, users') are updated
+/// in the session's own transaction, so they never name a session whose
+/// write failed, and a failed one fails no other session. (Redis Cluster
+/// would need them moved out of it, since one MULTI must stay in one slot.)
+async fn apply_round(w: &mut Writer, batches: &[Batch]) -> Vec<Result<(), String>> {
+    let mut results: Vec<Result<(), String>> = vec![Ok(()); batches.len()];
+    if w.faults.round_fails(batches.len()) {
+        return vec![Err("injected fault: the write round failed".into()); batches.len()];
+    }
+    // Batches by session, in the order sessions first appear; each
+    // session's batches keep their order.
+    let mut units: Vec<Unit> = Vec::new();
+    let mut by_session: HashMap<&str, usize> = HashMap::new();
     let mut releases = Vec::new();
-    for op in batches.iter().flat_map(|b| &b.ops) {
-        match op {
-            Op::Save { id, meta } => {
-                let users = serde_json::to_string(&meta.users).unwrap_or_else(|_| "[]".into());
-                let system =
-                    serde_json::to_string(&meta.system_messages).unwrap_or_else(|_| "[]".into());
-                pipe.cmd("HSET")
-                    .arg(key("s", id))
-                    .arg("created_ms")
-                    .arg(meta.created_ms)
-                    .arg("last_active_ms")
-                    .arg(meta.last_active_ms)
-                    .arg("turn_id")
-                    .arg(meta.turn_id)
-                    .arg("first_seq")
-                    .arg(meta.first_seq)
-                    .arg("users")
-                    .arg(users)
-                    .arg("system_messages")
-                    .arg(system)
-                    .ignore();
-                pipe.cmd("ZADD")
-                    .arg(format!("{prefix}:ids"))
-                    .arg(0)
-                    .arg(id)
-                    .ignore();
-                pipe.cmd("ZADD")
-                    .arg(format!("{prefix}:active"))
-                    .arg(meta.last_active_ms)
-                    .arg(id)
-                    .ignore();
-                for user in &meta.users {
-                    pipe.cmd("SADD").arg(key("u", user)).arg(id).ignore();
-                }
-                touched.push(id);
-            }
-            Op::Touch {
-                id,
-                last_active_ms,
-                turn_id,
-                first_seq,
-            } => {
-                pipe.cmd("HSET")
-                    .arg(key("s", id))
-                    .arg("last_active_ms")
-                    .arg(*last_active_ms)
-                    .arg("turn_id")
-                    .arg(*turn_id)
-                    .arg("first_seq")
-                    .arg(*first_seq)
-                    .ignore();
-                pipe.cmd("ZADD")
-                    .arg(format!("{prefix}:active"))
-                    .arg(*last_active_ms)
-                    .arg(id)
-                    .ignore();
-                touched.push(id);
-            }
-            Op::Push { id, seq, message } => {
-                pipe.cmd("HSET")
-                    .arg(key("m", id))
-                    .arg(*seq)
-                    .arg(to_json(message)?)
-                    .ignore();
-                touched.push(id);
-            }
-            Op::Set { id, seq, message } => {
-                pipe.cmd("EVAL")
-                    .arg(SET_IF_STORED)
-                    .arg(1)
-                    .arg(key("m", id))
-                    .arg(*seq)
-                    .arg(to_json(message)?)
-                    .ignore();
-                touched.push(id);
-            }
-            Op::DropBefore { id, from, seq } => {
-                if seq > from {
-                    pipe.cmd("HDEL")
-                        .arg(key("m", id))
-                        .arg((*from..*seq).collect::<Vec<u64>>())
-                        .ignore();
-                }
-                touched.push(id);
-            }
-            Op::Clear { id } => {
-                pipe.cmd("DEL").arg(key("m", id)).ignore();
-                touched.push(id);
-            }
-            Op::Delete { id, users } => {
-                pipe.cmd("DEL").arg(key("s", id)).arg(key("m", id)).ignore();
-                pipe.cmd("ZREM")
-                    .arg(format!("{prefix}:ids"))
-                    .arg(id)
-                    .ignore();
-                pipe.cmd("ZREM")
-                    .arg(format!("{prefix}:active"))
-                    .arg(id)
-                    .ignore();
-                for user in users {
-                    pipe.cmd("SREM").arg(key("u", user)).arg(id).ignore();
-                }
-                known.remove(id.as_str());
-            }
-            Op::Release { id, token } => releases.push((key("lease", id), token.clone())),
-            Op::KeepEvent { id, body } => {
-                pipe.cmd("HSET")
-                    .arg(format!("{prefix}:undelivered"))
-                    .arg(id)
-                    .arg(body)
-                    .ignore();
-            }
-            Op::ForgetEvent { id } => {
-                pipe.cmd("HDEL")
-                    .arg(format!("{prefix}:undelivered"))
-                    .arg(id)
-                    .ignore();
+    for (i, b) in batches.iter().enumerate() {
+        for op in &b.ops {
+            if let Op::Release { id, token } = op {
+                releases.push((format!("{}:lease:{id}", w.prefix), token.clone()));
             }
         }
+        let changes = b
+            .ops
+            .iter()
+            .any(|op| !matches!(op, Op::Release { .. } | Op::Resume { .. }));
+        let session = b.session();
+        let unit = match session {
+            Some(id) => *by_session.entry(id).or_insert_with(|| {
+                units.push(Unit {
+                    session: Some(id.to_owned()),
+                    batches: Vec::new(),
+                    exec_at: 0,
+                    bumps: false,
+                });
+                units.len() - 1
+            }),
+            None if changes => {
+                units.push(Unit {
+                    session: None,
+                    batches: Vec::new(),
+                    exec_at: 0,
+                    bumps: false,
+                });
+                units.len() - 1
+            }
+            None => continue,
+        };
+        units[unit].batches.push(i);
     }
-    touched.sort_unstable();
-    touched.dedup();
-    for id in &touched {
-        pipe.cmd("EVAL").arg(BUMP).arg(1).arg(key("s", id));
+
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    let mut commands = 0;
+    for unit in &mut units {
+        // A fenced session's batches are refused up to one that lifts the
+        // fence; the rest go in its transaction.
+        let mut fenced = unit
+            .session
+            .as_deref()
+            .is_some_and(|id| w.fences.contains(id));
+        let mut sent = Vec::new();
+        for &i in &unit.batches {
+            let b = &batches[i];
+            if fenced && !b.lifts_fence() {
+                results[i] = w
+                    .fences
+                    .admits(b)
+                    .and(Err("an earlier write failed".into()));
+                continue;
+            }
+            fenced = false;
+            sent.push(i);
+        }
+        unit.batches = sent;
+        if unit.batches.is_empty() {
+            continue;
+        }
+        pipe.cmd("MULTI");
+        commands += 1;
+        let mut changed = false;
+        for &i in &unit.batches {
+            let b = &batches[i];
+            for op in &b.ops {
+                match queue(&mut pipe, &w.prefix, op) {
+                    Ok(Queued {
+                        commands: n,
+                        changes,
+                    }) => {
+                        commands += n;
+                        changed |= changes;
+                    }
+                    Err(e) => {
+                        // Not half a batch: the transaction is aborted.
+                        tracing::error!(error = %e, "a change could not be encoded");
+                        pipe.cmd("HSET").arg(format!("{}:unencodable", w.prefix));
+                        commands += 1;
+                    }
+                }
+            }
+            if w.faults.batch_fails(b) {
+                // A command Redis refuses while queuing: EXEC then aborts
+                // the whole transaction, as it does for an out-of-memory.
+                pipe.cmd("HSET").arg(format!("{}:injected-fault", w.prefix));
+                commands += 1;
+            }
+        }
+        if let (Some(id), true) = (&unit.session, changed) {
+            pipe.cmd("EVAL")
+                .arg(BUMP)
+                .arg(1)
+                .arg(format!("{}:s:{id}", w.prefix));
+            commands += 1;
+            unit.bumps = true;
+        }
+        pipe.cmd("EXEC");
+        unit.exec_at = commands;
+        commands += 1;
     }
-    // Leases are given up after the writes they covered.
+    // Leases are given up after the writes they covered, whether those
+    // were stored or not: the next holder reloads what was.
     for (lease, token) in &releases {
-        pipe.cmd("EVAL")
-            .arg(RELEASE)
-            .arg(1)
-            .arg(lease)
-            .arg(token)
-            .ignore();
+        pipe.cmd("EVAL").arg(RELEASE).arg(1).arg(lease).arg(token);
+        commands += 1;
     }
-    let versions: Vec<u64> = pipe.query_async(conn).await?;
-    for (id, version) in touched.into_iter().zip(versions) {
-        // One bump past what this replica knew: nobody else wrote. Anything
-        // else: another replica did, and the local copy must be reloaded.
-        match known.get(id).map(|v| *v) {
-            Some(before) if before + 1 == version => {
-                known.insert(id.to_owned(), version);
+    if commands == 0 {
+        return results;
+    }
+    let answers: Vec<redis::Value> = match pipe.query_async(&mut w.conn).await {
+        Ok(a) => a,
+        Err(e) => {
+            // The connection failed: what Redis did is not known. Every
+            // session sent is reloaded from what it holds.
+            tracing::error!(error = %e, "redis write failed");
+            for unit in &units {
+                for &i in &unit.batches {
+                    results[i] = Err(format!("redis: {e}"));
+                }
             }
-            // Created by this replica in this batch.
-            None if version == 1 => {
-                known.insert(id.to_owned(), version);
+            return results;
+        }
+    };
+    for unit in &units {
+        if unit.batches.is_empty() {
+            continue;
+        }
+        let outcome = match answers.get(unit.exec_at) {
+            Some(redis::Value::Array(items)) => match items.iter().find_map(server_error) {
+                Some(e) => Err(e),
+                None => Ok(items.last()),
+            },
+            Some(other) => Err(server_error(other).unwrap_or_else(|| "transaction aborted".into())),
+            None => Err("no answer to the transaction".into()),
+        };
+        match outcome {
+            Ok(last) => {
+                if let Some(id) = unit.session.as_deref() {
+                    learn_version(w, id, batches, unit, last);
+                }
             }
-            _ => {
-                known.remove(id);
+            Err(e) => {
+                tracing::error!(error = %e, session = ?unit.session, "redis write failed");
+                for &i in &unit.batches {
+                    results[i] = Err(format!("redis: {e}"));
+                }
             }
         }
     }
-    Ok(())
+    results
+}
+
+fn server_error(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::ServerError(e) => Some(format!("{e:?}")),
+        _ => None,
+    }
+}
+
+/// After a session's transaction went through: the version it left.
+fn learn_version(
+    w: &Writer,
+    id: &str,
+    batches: &[Batch],
+    unit: &Unit,
+    last: Option<&redis::Value>,
+) {
+    let deleted = unit
+        .batches
+        .iter()
+        .flat_map(|&i| &batches[i].ops)
+        .any(|op| matches!(op, Op::Delete { .. }));
+    if deleted {
+        w.known.remove(id);
+    }
+    if !unit.bumps {
+        return;
+    }
+    let version = match last {
+        Some(redis::Value::Int(v)) => *v as u64,
+        _ => 0,
+    };
+    // One bump past what this replica knew: nobody else wrote. Anything
+    // else: another replica did, and the local copy must be reloaded.
+    match w.known.get(id).map(|v| *v) {
+        Some(before) if before + 1 == version => {
+            w.known.insert(id.to_owned(), version);
+        }
+        // Created by this replica in this round.
+        None if version == 1 => {
+            w.known.insert(id.to_owned(), version);
+        }
+        _ => {
+            w.known.remove(id);
+        }
+    }
+}
+
+/// Commands queued for one op, and whether they change the session's data
+/// (and so bump its version).
+struct Queued {
+    commands: usize,
+    changes: bool,
+}
+
+fn queue(pipe: &mut redis::Pipeline, prefix: &str, op: &Op) -> Result<Queued, StorageError> {
+    let key = |kind: &str, id: &str| format!("{prefix}:{kind}:{id}");
+    let q = |commands, changes| Ok(Queued { commands, changes });
+    match op {
+        Op::Save { id, meta } => {
+            let users = serde_json::to_string(&meta.users).unwrap_or_else(|_| "[]".into());
+            let system =
+                serde_json::to_string(&meta.system_messages).unwrap_or_else(|_| "[]".into());
+            pipe.cmd("HSET")
+                .arg(key("s", id))
+                .arg("created_ms")
+                .arg(meta.created_ms)
+                .arg("last_active_ms")
+                .arg(meta.last_active_ms)
+                .arg("turn_id")
+                .arg(meta.turn_id)
+                .arg("first_seq")
+                .arg(meta.first_seq)
+                .arg("users")
+                .arg(users)
+                .arg("system_messages")
+                .arg(system);
+            pipe.cmd("ZADD").arg(format!("{prefix}:ids")).arg(0).arg(id);
+            pipe.cmd("ZADD")
+                .arg(format!("{prefix}:active"))
+                .arg(meta.last_active_ms)
+                .arg(id);
+            for user in &meta.users {
+                pipe.cmd("SADD").arg(key("u", user)).arg(id);
+            }
+            q(3 + meta.users.len(), true)
+        }
+        Op::Touch {
+            id,
+            created_ms,
+            last_active_ms,
+            turn_id,
+            first_seq,
+        } => {
+            // Every field a load needs, so that the session can be loaded
+            // whatever became of its Save; `created_ms` only if missing.
+            pipe.cmd("HSETNX")
+                .arg(key("s", id))
+                .arg("created_ms")
+                .arg(*created_ms);
+            pipe.cmd("HSET")
+                .arg(key("s", id))
+                .arg("last_active_ms")
+                .arg(*last_active_ms)
+                .arg("turn_id")
+                .arg(*turn_id)
+                .arg("first_seq")
+                .arg(*first_seq);
+            pipe.cmd("ZADD").arg(format!("{prefix}:ids")).arg(0).arg(id);
+            pipe.cmd("ZADD")
+                .arg(format!("{prefix}:active"))
+                .arg(*last_active_ms)
+                .arg(id);
+            q(4, true)
+        }
+        Op::Push { id, seq, message } => {
+            let body = to_json(message)?;
+            pipe.cmd("HSET").arg(key("m", id)).arg(*seq).arg(body);
+            q(1, true)
+        }
+        Op::Set { id, seq, message } => {
+            let body = to_json(message)?;
+            pipe.cmd("EVAL")
+                .arg(SET_IF_STORED)
+                .arg(1)
+                .arg(key("m", id))
+                .arg(*seq)
+                .arg(body);
+            q(1, true)
+        }
+        Op::DropBefore { id, from, seq } => {
+            if seq > from {
+                pipe.cmd("HDEL")
+                    .arg(key("m", id))
+                    .arg((*from..*seq).collect::<Vec<u64>>());
+                return q(1, true);
+            }
+            q(0, true)
+        }
+        Op::Clear { id } => {
+            pipe.cmd("DEL").arg(key("m", id));
+            q(1, true)
+        }
+        Op::Delete { id, users } => {
+            pipe.cmd("DEL").arg(key("s", id)).arg(key("m", id));
+            pipe.cmd("ZREM").arg(format!("{prefix}:ids")).arg(id);
+            pipe.cmd("ZREM").arg(format!("{prefix}:active")).arg(id);
+            for user in users {
+                pipe.cmd("SREM").arg(key("u", user)).arg(id);
+            }
+            q(3 + users.len(), false)
+        }
+        // Handled by the round: after the transactions, or by the fences.
+        Op::Release { .. } | Op::Resume { .. } => q(0, false),
+        Op::KeepEvent { id, body } => {
+            pipe.cmd("HSET")
+                .arg(format!("{prefix}:undelivered"))
+                .arg(id)
+                .arg(body);
+            q(1, false)
+        }
+        Op::ForgetEvent { id } => {
+            pipe.cmd("HDEL")
+                .arg(format!("{prefix}:undelivered"))
+                .arg(id);
+            q(1, false)
+        }
+    }
 }
 
 fn to_json(message: &Message) -> Result<String, StorageError> {

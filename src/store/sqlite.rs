@@ -10,7 +10,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Batch, Listed, Loaded, Meta, Op, StorageError, Ticket};
+use super::{Batch, Faults, Fences, Listed, Loaded, Meta, Op, StorageError, Ticket};
 use crate::config::{StorageConfig, SyncMode};
 use crate::memory::message::Message;
 
@@ -100,6 +100,10 @@ struct Signals {
 pub struct Sqlite {
     tx: mpsc::UnboundedSender<Batch>,
     reader: Arc<Mutex<Connection>>,
+    /// Sessions whose writes failed (see `Fences`).
+    pub(crate) fences: Arc<Fences>,
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    pub(crate) faults: Arc<Faults>,
 }
 
 impl Sqlite {
@@ -142,6 +146,9 @@ impl Sqlite {
             // A WAL that did grow (a reader held it) is cut back when it
             // starts over.
             writer.pragma_update(None, "journal_size_limit", wal.keep_bytes)?;
+            // Each batch has a savepoint (`apply_round`): the pages it
+            // would roll back are kept in memory, not in a temporary file.
+            writer.pragma_update(None, "temp_store", "MEMORY")?;
             let reader = connect(&path)?;
             let checkpointer = connect(&path)?;
             Ok((writer, (reader, checkpointer)))
@@ -151,7 +158,15 @@ impl Sqlite {
         let (reader, checkpointer) = reader;
 
         let (tx, rx) = mpsc::unbounded_channel();
-        let signals = Arc::new(Signals::default());
+        let fences = Arc::new(Fences::default());
+        let faults: Arc<Faults> = Arc::default();
+        let writer_side = Writer {
+            writes,
+            signals: Arc::new(Signals::default()),
+            fences: Arc::clone(&fences),
+            faults: Arc::clone(&faults),
+        };
+        let signals = Arc::clone(&writer_side.signals);
         let theirs = Arc::clone(&signals);
         std::thread::Builder::new()
             .name("recall-sqlite-checkpoint".into())
@@ -159,12 +174,14 @@ impl Sqlite {
             .map_err(|e| StorageError::Task(e.to_string()))?;
         std::thread::Builder::new()
             .name("recall-sqlite-writer".into())
-            .spawn(move || write_loop(writer, rx, writes, &signals))
+            .spawn(move || write_loop(writer, rx, &writer_side))
             .map_err(|e| StorageError::Task(e.to_string()))?;
         tracing::info!(path = %config.path, "sqlite storage open");
         Ok(Self {
             tx,
             reader: Arc::new(Mutex::new(reader)),
+            fences,
+            faults,
         })
     }
 
@@ -386,33 +403,125 @@ fn meta_from_row_at(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Meta
     Ok(parsed)
 }
 
-/// The writer thread: take what has queued up, commit it as one
-/// transaction, then tell every waiter.
-fn write_loop(
-    mut conn: Connection,
-    mut rx: mpsc::UnboundedReceiver<Batch>,
+/// What the writer thread shares with the rest.
+struct Writer {
     writes: Histogram,
-    signals: &Signals,
-) {
+    signals: Arc<Signals>,
+    fences: Arc<Fences>,
+    faults: Arc<Faults>,
+}
+
+/// The writer thread: take what has queued up, commit it as one
+/// transaction, then tell every waiter how its batch went.
+fn write_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Batch>, w: &Writer) {
     raise_priority();
     while let Some(first) = rx.blocking_recv() {
+        while w.faults.is_paused() {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         let started = std::time::Instant::now();
-        if signals.restart.swap(false, Ordering::Relaxed) {
+        if w.signals.restart.swap(false, Ordering::Relaxed) {
             if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
                 tracing::warn!(error = %e, "sqlite checkpoint failed");
             }
         }
         let (batches, ops) = super::gather(first, &mut rx, MAX_BATCH_OPS);
-        let result = apply(&mut conn, &batches);
-        writes.observe(started.elapsed().as_secs_f64());
-        let result = result.map_err(|e| {
-            tracing::error!(error = %e, ops, "sqlite write failed");
-            e.to_string()
-        });
-        super::settle(batches, &result);
+        let results = apply_round(&mut conn, &batches, w);
+        w.writes.observe(started.elapsed().as_secs_f64());
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        if failed > 0 {
+            tracing::error!(ops, batches = batches.len(), failed, "sqlite writes failed");
+        }
+        for (b, r) in batches.iter().zip(&results) {
+            w.fences.settled(b, r);
+        }
+        super::settle(batches, results);
     }
-    signals.stopped.store(true, Ordering::Relaxed);
+    w.signals.stopped.store(true, Ordering::Relaxed);
     tracing::debug!("sqlite writer stopped");
+}
+
+/// One round: a transaction in which each batch (one session's change)
+/// has a savepoint of its own. A batch that fails is rolled back to its
+/// savepoint and fails alone; the others commit. A failed commit, or an
+/// error after which SQLite rolled the whole transaction back (it may,
+/// for a full disk or an I/O error), fails them all.
+fn apply_round(conn: &mut Connection, batches: &[Batch], w: &Writer) -> Vec<Result<(), String>> {
+    let all_fail = |e: &dyn std::fmt::Display| vec![Err(e.to_string()); batches.len()];
+    let tx = match conn.transaction() {
+        Ok(tx) => tx,
+        Err(e) => {
+            tracing::error!(error = %e, "sqlite write failed");
+            return all_fail(&e);
+        }
+    };
+    let mut results = Vec::with_capacity(batches.len());
+    for b in batches {
+        if let Err(refused) = w.fences.admits(b) {
+            results.push(Err(refused));
+            continue;
+        }
+        if b.ops.is_empty() {
+            results.push(Ok(()));
+            continue;
+        }
+        let applied = in_savepoint(&tx, b, &w.faults);
+        if let Err(e) = &applied {
+            tracing::error!(error = %e, session = ?b.session(), "sqlite write failed");
+            if tx.is_autocommit() {
+                // SQLite gave up the whole transaction: nothing of the
+                // round is stored.
+                return all_fail(e);
+            }
+        }
+        // Later batches of a session whose batch failed are refused.
+        let applied = applied.map_err(|e| e.to_string());
+        w.fences.settled(b, &applied);
+        results.push(applied);
+    }
+    let committed = if w.faults.round_fails(batches.len()) {
+        Err(StorageError::Failed(
+            "injected fault: the commit failed".into(),
+        ))
+    } else {
+        tx.commit().map_err(StorageError::from)
+    };
+    if let Err(e) = committed {
+        tracing::error!(error = %e, "sqlite commit failed");
+        return all_fail(&e);
+    }
+    results
+}
+
+/// Applies one batch within a savepoint, rolled back if any op fails.
+fn in_savepoint(
+    tx: &rusqlite::Transaction<'_>,
+    batch: &Batch,
+    faults: &Faults,
+) -> Result<(), StorageError> {
+    tx.prepare_cached("SAVEPOINT batch")?.execute([])?;
+    let applied = apply(tx, &batch.ops).and_then(|()| {
+        if faults.batch_fails(batch) {
+            Err(StorageError::Failed(
+                "injected fault: this write failed".into(),
+            ))
+        } else {
+            Ok(())
+        }
+    });
+    match applied {
+        Ok(()) => {
+            tx.prepare_cached("RELEASE batch")?.execute([])?;
+            Ok(())
+        }
+        Err(e) => {
+            if !tx.is_autocommit() {
+                // Undoes the batch; RELEASE then ends the savepoint.
+                tx.execute_batch("ROLLBACK TO batch; RELEASE batch")?;
+            }
+            Err(e)
+        }
+    }
 }
 
 fn to_json(message: &Message) -> Result<String, StorageError> {
@@ -431,9 +540,8 @@ fn raise_priority() {
     }
 }
 
-fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
-    let tx = conn.transaction()?;
-    for op in batches.iter().flat_map(|b| &b.ops) {
+fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
+    for op in ops {
         match op {
             Op::Save { id, meta } => {
                 let users = serde_json::to_string(&meta.users).unwrap_or_else(|_| "[]".into());
@@ -460,13 +568,22 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
             }
             Op::Touch {
                 id,
+                created_ms,
                 last_active_ms,
                 turn_id,
                 first_seq,
             } => {
+                // A lookup when the row exists, which it almost always does.
                 tx.prepare_cached(
-                    "UPDATE session_state SET last_active_ms = ?2, turn_id = ?3, first_seq = ?4
-                     WHERE id = ?1",
+                    "INSERT INTO sessions (id, created_ms, users, system_messages)
+                     VALUES (?1, ?2, '[]', '[]') ON CONFLICT (id) DO NOTHING",
+                )?
+                .execute(params![id, created_ms])?;
+                tx.prepare_cached(
+                    "INSERT INTO session_state (id, last_active_ms, turn_id, first_seq)
+                     VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (id) DO UPDATE SET last_active_ms = ?2, turn_id = ?3,
+                         first_seq = ?4",
                 )?
                 .execute(params![
                     id,
@@ -504,8 +621,9 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
                 tx.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
                     .execute([id])?;
             }
-            // A process of its own needs no lease.
-            Op::Release { .. } => {}
+            // A process of its own needs no lease; a resumption is the
+            // writer's business (`Fences`).
+            Op::Release { .. } | Op::Resume { .. } => {}
             Op::KeepEvent { id, body } => {
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO undelivered_events (id, body) VALUES (?1, ?2)",
@@ -518,7 +636,6 @@ fn apply(conn: &mut Connection, batches: &[Batch]) -> Result<(), StorageError> {
             }
         }
     }
-    tx.commit()?;
     Ok(())
 }
 
@@ -636,13 +753,16 @@ mod tests {
         db.submit(vec![
             Op::Touch {
                 id: "s".into(),
+                created_ms: 1,
                 last_active_ms: 9,
                 turn_id: 4,
                 first_seq: 2,
             },
-            // A touch of a session never saved creates nothing.
+            // A touch of a session never saved (its Save failed) creates
+            // it, without users or system messages: it can be loaded.
             Op::Touch {
                 id: "ghost".into(),
+                created_ms: 3,
                 last_active_ms: 9,
                 turn_id: 4,
                 first_seq: 2,
@@ -662,8 +782,14 @@ mod tests {
         );
         assert_eq!(loaded.meta.users, ["bo"]);
         assert_eq!(loaded.meta.system_messages[0].content, "be kind");
-        assert!(db.load("ghost").await.unwrap().is_none());
-        assert_eq!(db.count().await.unwrap(), 1);
+        let ghost = db
+            .load("ghost")
+            .await
+            .unwrap()
+            .expect("a touch is an upsert");
+        assert_eq!((ghost.meta.created_ms, ghost.meta.turn_id), (3, 4));
+        assert!(ghost.meta.users.is_empty() && ghost.messages.is_empty());
+        assert_eq!(db.count().await.unwrap(), 2);
         db.submit(vec![Op::Delete {
             id: "s".into(),
             users: vec!["bo".into()],
@@ -672,7 +798,7 @@ mod tests {
         .await
         .unwrap();
         assert!(db.load("s").await.unwrap().is_none());
-        assert!(db.idle(i64::MAX, 10).await.unwrap().is_empty());
+        assert_eq!(db.idle(i64::MAX, 10).await.unwrap(), ["ghost"]);
     }
 
     /// Under writes that never pause, the WAL still starts over: it stays

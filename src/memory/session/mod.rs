@@ -118,15 +118,45 @@ struct State {
 
 /// The meta as last sent to storage. Users and system messages can be
 /// kilobytes (a long system prompt) and rarely change, so they are written
-/// only when they do; the turn number and the first sequence number are
-/// written when they move, which is at most once per turn.
+/// only when they do; the turn number, the first sequence number and the
+/// last activity (`Op::Touch`, a small row) once per turn.
+///
+/// This is what was sent, not what is durable: a write that fails fences
+/// the session in storage (`store::Fences`), every later write of this
+/// state is refused, and the session is reloaded from storage before it
+/// is served again (`Store::find`), which rebuilds this from what storage
+/// holds. So nothing here is trusted past a failed write.
 #[derive(Debug, Clone, Copy, Default)]
 struct Saved {
     /// Users and system messages are stored as they are here.
     whole: bool,
     turn_id: u64,
     first_seq: u64,
+    last_active_ms: i64,
+    /// What this state starts from, which its first write says first.
+    origin: Origin,
+    /// Batches this session has sent to storage: a reload checks that
+    /// none was sent while it read.
+    batches: u64,
 }
+
+/// Where a session's state came from, until its first write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Origin {
+    /// Nothing: it has written since.
+    #[default]
+    Written,
+    /// Read from storage: its writes resume (`Op::Resume`).
+    Loaded,
+    /// Started anew, with nothing loadable in storage: its writes resume,
+    /// and messages left there by an earlier session of the same id (a
+    /// reply recorded after that session ended) are cleared.
+    New,
+}
+
+/// A Touch is written at most this long after the last one, besides once
+/// per turn: the end of a long reply is activity too.
+const TOUCH_AFTER_MS: i64 = 1000;
 
 impl State {
     fn new(meta: Meta) -> Self {
@@ -142,7 +172,10 @@ impl State {
             incarnation: next_incarnation(),
             window_from: meta.first_seq,
             bytes: 0,
-            saved: Saved::default(),
+            saved: Saved {
+                origin: Origin::New,
+                ..Saved::default()
+            },
             last_key: None,
         }
     }
@@ -158,19 +191,18 @@ impl State {
 
     /// A session as storage holds it.
     fn with_messages(meta: Meta, messages: Vec<Message>) -> Self {
+        let last_active_ms = meta.last_active_ms;
         let mut st = Self::new(meta);
         st.replace_messages(shared(messages));
-        st.mark_saved();
-        st
-    }
-
-    /// Storage now holds the whole meta as it is here.
-    fn mark_saved(&mut self) {
-        self.saved = Saved {
+        st.saved = Saved {
             whole: true,
-            turn_id: self.turn_id,
-            first_seq: self.first_seq,
+            turn_id: st.turn_id,
+            first_seq: st.first_seq,
+            last_active_ms,
+            origin: Origin::Loaded,
+            batches: 0,
         };
+        st
     }
 
     /// Users or system messages changed: the next write carries them.
@@ -345,34 +377,99 @@ impl Session {
     /// Sends the changes made under `st` to storage, in the order they
     /// were made, preceded by what changed of the session's meta (the
     /// caller still holds the lock).
-    fn persist(&self, st: &mut State, policy: &Policy, mut ops: Vec<Op>) -> Ticket {
-        if !policy.storage.persistent() {
+    fn persist(&self, st: &mut State, policy: &Policy, ops: Vec<Op>) -> Ticket {
+        self.write(st, &policy.storage, ops)
+    }
+
+    fn write(&self, st: &mut State, storage: &Storage, mut ops: Vec<Op>) -> Ticket {
+        if !storage.persistent() {
             return Ticket::ready();
         }
-        let moved = st.turn_id != st.saved.turn_id || st.first_seq != st.saved.first_seq;
-        let meta = if !st.saved.whole {
-            Some(Op::Save {
+        let last_active_ms = self.last_active_ms();
+        let since = last_active_ms - st.saved.last_active_ms;
+        // A client's message (a user's, a tool result) is a turn: its
+        // activity is stored, so that no sweeper (another replica's, or
+        // this one's after a restart) takes a session busy in a tool loop
+        // for idle.
+        let said = ops
+            .iter()
+            .any(|op| matches!(op, Op::Push { message, .. } if message.role != "assistant"));
+        let moved = st.turn_id != st.saved.turn_id
+            || st.first_seq != st.saved.first_seq
+            || (since > 0 && said)
+            || since >= TOUCH_AFTER_MS;
+        let mut head = Vec::with_capacity(3);
+        if st.saved.origin != Origin::Written {
+            head.push(Op::Resume {
+                id: self.id.clone(),
+            });
+        }
+        if st.saved.origin == Origin::New {
+            head.push(Op::Clear {
+                id: self.id.clone(),
+            });
+        }
+        if !st.saved.whole {
+            head.push(Op::Save {
                 id: self.id.clone(),
                 meta: self.meta(st),
-            })
+            });
         } else if moved {
-            Some(Op::Touch {
+            head.push(Op::Touch {
                 id: self.id.clone(),
-                last_active_ms: self.last_active_ms(),
+                created_ms: self.created_ms,
+                last_active_ms,
                 turn_id: st.turn_id,
                 first_seq: st.first_seq,
-            })
-        } else {
-            None
-        };
-        if let Some(op) = meta {
-            ops.insert(0, op);
-            st.mark_saved();
+            });
         }
-        if ops.is_empty() {
+        if head.is_empty() && ops.is_empty() {
             return Ticket::ready();
         }
-        policy.storage.submit(ops)
+        ops.splice(0..0, head);
+        st.saved = Saved {
+            whole: true,
+            turn_id: st.turn_id,
+            first_seq: st.first_seq,
+            last_active_ms: if moved || !st.saved.whole {
+                last_active_ms
+            } else {
+                st.saved.last_active_ms
+            },
+            origin: Origin::Written,
+            batches: st.saved.batches + 1,
+        };
+        storage.submit(ops)
+    }
+
+    /// Batches sent to storage so far (see `recover`).
+    pub(crate) fn batches(&self) -> u64 {
+        self.state().saved.batches
+    }
+
+    /// After a failed write: replaces the local copy with what storage
+    /// holds, `loaded`, read after every write queued before it was done.
+    /// Not while a reply is in flight, nor if the session wrote anything
+    /// since `batches` was read (what was read may be older than that).
+    /// With nothing loadable in storage the session ends, so that it is
+    /// started anew. Returns whether it did either.
+    pub(crate) fn recover(&self, loaded: Option<Loaded>, batches: u64, storage: &Storage) -> bool {
+        let mut st = self.state();
+        if st.active.is_some() || st.ended || st.saved.batches != batches {
+            return false;
+        }
+        let Some(Loaded { meta, messages }) = loaded else {
+            st.ended = true;
+            return true;
+        };
+        self.last_active_ms
+            .fetch_max(meta.last_active_ms, Ordering::Relaxed);
+        *st = State::with_messages(meta, messages);
+        st.saved.batches = batches;
+        tracing::info!(session = %self.id, "session reloaded from storage after a failed write");
+        // Lifts the fence now, not at the next turn's write.
+        drop(self.write(&mut st, storage, Vec::new()));
+        true
     }
 
     fn push_op(&self, st: &State, index: usize) -> Op {
@@ -466,7 +563,9 @@ impl Session {
         let Loaded { meta, messages } = loaded;
         self.last_active_ms
             .fetch_max(meta.last_active_ms, Ordering::Relaxed);
+        let batches = st.saved.batches;
         *st = State::with_messages(meta, messages);
+        st.saved.batches = batches;
     }
 
     /// Settles the reply in flight, if any, as `on_new` says, and returns

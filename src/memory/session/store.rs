@@ -27,6 +27,9 @@ impl Store {
         storage: &Storage,
     ) -> Result<Option<Arc<Session>>, StorageError> {
         if let Some(s) = self.get(id) {
+            if storage.needs_reload(id) && !s.is_busy() {
+                return self.recover(s, storage).await;
+            }
             if !storage.shared() || s.is_busy() || storage.is_fresh(id).await? {
                 return Ok(Some(s));
             }
@@ -53,6 +56,30 @@ impl Store {
             .entry(id.to_owned())
             .or_insert_with(|| Arc::new(Session::from_loaded(id, loaded)));
         Ok(Some(Arc::clone(&session)))
+    }
+
+    /// A write of `s` failed: memory may hold what storage does not. The
+    /// local copy is replaced by what storage holds (read once every write
+    /// queued before is done), so that what the session serves next is
+    /// what a restart would find; with nothing stored, the session is
+    /// dropped and the caller starts it anew.
+    async fn recover(
+        &self,
+        s: Arc<Session>,
+        storage: &Storage,
+    ) -> Result<Option<Arc<Session>>, StorageError> {
+        let batches = s.batches();
+        let loaded = storage.load(&s.id).await?;
+        if !storage.needs_reload(&s.id) {
+            // Another request reloaded it meanwhile.
+            return Ok(Some(s));
+        }
+        let gone = loaded.is_none();
+        if s.recover(loaded, batches, storage) && gone {
+            self.remove(&s);
+            return Ok(None);
+        }
+        Ok(Some(s))
     }
 
     /// The session from the working set or storage, else a new one; and
