@@ -1,0 +1,184 @@
+//! A reply's record: what happened to the reply in flight, applied to
+//! the session under its lock (`settle_reply`), and the interrupt
+//! endpoint's mark on a stored reply.
+
+use std::sync::Arc;
+
+use super::state::State;
+use super::{Policy, Session};
+use crate::memory::inflight::{Ctx, Happened, InFlight, Record, Settled};
+use crate::memory::interruption::{self, Spoken};
+use crate::memory::message::Message;
+use crate::metrics::Cause;
+use crate::store::{Claim, Ticket};
+
+/// What the interrupt endpoint did.
+#[derive(Debug)]
+pub enum Interrupted {
+    /// The reply in flight was cut off; this is its record.
+    InFlight(Message, Ticket),
+    /// The newest stored reply was marked; the ticket says when durable.
+    Stored(Message, Ticket),
+    NothingToInterrupt,
+}
+
+impl Session {
+    /// Applies what happened to `flight`, a reply of this session: writes
+    /// its record, frees the turn when it is settled. Returns the record
+    /// written (a cut reply's) and when it is durable.
+    pub(crate) fn settle_reply(
+        &self,
+        policy: &Policy,
+        flight: &InFlight,
+        happened: Happened<'_>,
+    ) -> (Option<Message>, Ticket) {
+        let mut st = self.state();
+        self.settle_locked(&mut st, policy, flight, happened)
+    }
+
+    pub(super) fn settle_locked(
+        &self,
+        st: &mut State,
+        policy: &Policy,
+        flight: &InFlight,
+        happened: Happened<'_>,
+    ) -> (Option<Message>, Ticket) {
+        let ctx = Ctx {
+            next_seq: st.first_seq + st.messages.len() as u64,
+            now_ms: policy.clock.now_ms(),
+        };
+        match flight.settle(happened, ctx) {
+            Record::Nothing => (None, Ticket::ready()),
+            Record::Wait(ticket) => (None, ticket),
+            Record::Settle(settle) => {
+                if let Settled::Interrupted(cause) = settle.kind {
+                    policy.metrics.interrupted(cause);
+                }
+                if let (Some((f, reason)), Some(reply)) = (settle.on_complete, &settle.reply) {
+                    // The answer cache's own lock is a leaf.
+                    f(reply, reason.as_deref());
+                }
+                self.touch(ctx.now_ms);
+                let mut ops = Vec::new();
+                let record = settle.reply.map(|m| {
+                    let record = m.clone();
+                    st.push_message(Arc::new(m));
+                    ops.push(self.push_op(st, st.messages.len() - 1));
+                    record
+                });
+                self.trim(st, policy, &mut ops);
+                let mut lease = None;
+                if st
+                    .active
+                    .as_deref()
+                    .is_some_and(|a| std::ptr::eq(a, flight))
+                {
+                    st.active = None;
+                    lease = st.lease.take();
+                }
+                let mut ticket = settle.opening.and(self.persist(st, policy, ops));
+                if let Some(claim) = lease {
+                    // Queued after the record, so the next holder reads it.
+                    let _ = policy.storage.release(claim);
+                }
+                if settle.end_waits {
+                    flight.end_waits_for(std::mem::take(&mut ticket));
+                }
+                (record, ticket)
+            }
+            Record::Update {
+                seq,
+                change,
+                drained,
+            } => {
+                if let Some((complete, yielded)) = drained {
+                    policy.metrics.drained(complete, yielded);
+                }
+                (
+                    None,
+                    self.update_locked(st, seq, policy, |m| change.apply(m)),
+                )
+            }
+        }
+    }
+
+    /// Holds the session's lease while `flight` is its reply in flight;
+    /// a reply already recorded gives it up at once.
+    pub(crate) fn hold_lease(&self, policy: &Policy, flight: &InFlight, claim: Claim) {
+        let mut st = self.state();
+        if st
+            .active
+            .as_deref()
+            .is_some_and(|a| std::ptr::eq(a, flight))
+        {
+            st.lease = Some(claim);
+        } else {
+            let _ = policy.storage.release(claim);
+        }
+    }
+
+    /// Changes a stored message, if it is still stored.
+    pub(super) fn update_locked(
+        &self,
+        st: &mut State,
+        seq: u64,
+        policy: &Policy,
+        change: impl FnOnce(&mut Message),
+    ) -> Ticket {
+        let Some(index) = seq
+            .checked_sub(st.first_seq)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| i < st.messages.len())
+        else {
+            return Ticket::ready();
+        };
+        st.edit_message(index, change);
+        let op = self.set_op(st, index);
+        self.persist(st, policy, vec![op])
+    }
+
+    /// Cuts off the reply in flight, if any (another replica asks, or a
+    /// shutdown). Returns whether there was one to cut.
+    pub fn cut_in_flight(&self, policy: &Policy, cause: Cause) -> bool {
+        let mut st = self.state();
+        let Some(active) = st.active.clone() else {
+            return false;
+        };
+        let happened = Happened::Cut {
+            spoken: None,
+            cause,
+        };
+        self.settle_locked(&mut st, policy, &active, happened)
+            .0
+            .is_some()
+    }
+
+    /// The agent says its user interrupted the bot: cut off the reply in
+    /// flight, or mark the newest stored reply.
+    pub fn interrupt(&self, policy: &Policy, spoken: Option<&Spoken>, now_ms: i64) -> Interrupted {
+        let mut st = self.state();
+        if let Some(active) = st.active.clone() {
+            let cut = Happened::Cut {
+                spoken,
+                cause: Cause::Endpoint,
+            };
+            if let (Some(record), ticket) = self.settle_locked(&mut st, policy, &active, cut) {
+                return Interrupted::InFlight(record, ticket);
+            }
+        }
+        // Only the reply that ends the history: an older one was answered
+        // by later turns, and a failure record was never said by the model.
+        let Some(last) = st.messages.len().checked_sub(1).filter(|&i| {
+            let m = &st.messages[i];
+            m.role == "assistant" && !interruption::is_failure(m) && !interruption::is_superseded(m)
+        }) else {
+            return Interrupted::NothingToInterrupt;
+        };
+        let record = st.edit_message(last, |m| {
+            interruption::mark_stored(m, spoken, now_ms, Cause::Endpoint.label());
+            m.clone()
+        });
+        let op = self.set_op(&st, last);
+        Interrupted::Stored(record, self.persist(&mut st, policy, vec![op]))
+    }
+}

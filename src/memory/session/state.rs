@@ -1,0 +1,182 @@
+//! A session's state behind its lock, and the one way each of its fields
+//! changes (so that `bytes` and `saved` stay true).
+
+use std::sync::Arc;
+
+use super::{next_incarnation, shared};
+use crate::memory::inflight::InFlight;
+use crate::memory::interruption;
+use crate::memory::message::Message;
+use crate::store::{Claim, Meta};
+
+pub(super) struct State {
+    pub(super) turn_id: u64,
+    /// Shared, so that a window or a storage op is a pointer copy and
+    /// dropping old messages moves pointers, not messages.
+    pub(super) messages: Vec<Arc<Message>>,
+    /// Sequence number of `messages[0]`: it grows as old messages are
+    /// dropped, so a message keeps its number while it is stored.
+    pub(super) first_seq: u64,
+    pub(super) active: Option<Arc<InFlight>>,
+    /// The session's lease with shared storage, held while `active` is
+    /// and given up right after the reply's record.
+    pub(super) lease: Option<Claim>,
+    /// Per-session instructions, sent after the configured ones.
+    pub(super) system_messages: Vec<Message>,
+    /// Users seen speaking in this session (the user header).
+    pub(super) users: Vec<String>,
+    /// Set when the session ends; a request still holding it starts anew.
+    pub(super) ended: bool,
+    pub(super) incarnation: u64,
+    /// Where the last window sent upstream began (by sequence number), so
+    /// that a trim event is sent when it moves, not on every turn.
+    pub(super) window_from: u64,
+    /// What the messages hold, by `Message::byte_cost`, kept up to date
+    /// with every change so that `max_bytes` never sums a whole history.
+    pub(super) bytes: usize,
+    /// What storage holds of the meta, so that a turn writes only what it
+    /// changed.
+    pub(super) saved: Saved,
+    /// The last turn's `Idempotency-Key`: the same key again is a retry.
+    /// Kept in memory only; an SDK's retry also says so in its headers.
+    pub(super) last_key: Option<String>,
+}
+
+/// The meta as last sent to storage. Users and system messages can be
+/// kilobytes (a long system prompt) and rarely change, so they are written
+/// only when they do; the turn number, the first sequence number and the
+/// last activity (`Op::Touch`, a small row) once per turn.
+///
+/// This is what was sent, not what is durable: a write that fails fences
+/// the session in storage (`store::Fences`), every later write of this
+/// state is refused, and the session is reloaded from storage before it
+/// is served again (`Store::find`), which rebuilds this from what storage
+/// holds. So nothing here is trusted past a failed write.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Saved {
+    /// Users and system messages are stored as they are here.
+    pub(super) whole: bool,
+    pub(super) turn_id: u64,
+    pub(super) first_seq: u64,
+    pub(super) last_active_ms: i64,
+    /// What this state starts from, which its first write says first.
+    pub(super) origin: Origin,
+    /// Batches this session has sent to storage: a reload checks that
+    /// none was sent while it read.
+    pub(super) batches: u64,
+}
+
+/// Where a session's state came from, until its first write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// Nothing: it has written since.
+    #[default]
+    Written,
+    /// Read from storage: its writes resume (`Op::Resume`).
+    Loaded,
+    /// Started anew, with nothing loadable in storage: its writes resume,
+    /// and messages left there by an earlier session of the same id (a
+    /// reply recorded after that session ended) are cleared.
+    New,
+}
+
+impl State {
+    pub(super) fn new(meta: Meta) -> Self {
+        Self {
+            turn_id: meta.turn_id,
+            messages: Vec::new(),
+            first_seq: meta.first_seq,
+            active: None,
+            lease: None,
+            system_messages: meta.system_messages,
+            users: meta.users,
+            ended: false,
+            incarnation: next_incarnation(),
+            window_from: meta.first_seq,
+            bytes: 0,
+            saved: Saved {
+                origin: Origin::New,
+                ..Saved::default()
+            },
+            last_key: None,
+        }
+    }
+
+    /// The newest message that is not superseded.
+    pub(super) fn last_visible(&self) -> Option<&Message> {
+        self.messages
+            .iter()
+            .rev()
+            .map(|m| &**m)
+            .find(|m| !interruption::is_superseded(m))
+    }
+
+    /// A session as storage holds it.
+    pub(super) fn with_messages(meta: Meta, messages: Vec<Message>) -> Self {
+        let last_active_ms = meta.last_active_ms;
+        let mut st = Self::new(meta);
+        st.replace_messages(shared(messages));
+        st.saved = Saved {
+            whole: true,
+            turn_id: st.turn_id,
+            first_seq: st.first_seq,
+            last_active_ms,
+            origin: Origin::Loaded,
+            batches: 0,
+        };
+        st
+    }
+
+    /// Users or system messages changed: the next write carries them.
+    pub(super) fn meta_changed(&mut self) {
+        self.saved.whole = false;
+    }
+
+    // Every change to `messages` goes through these, which keep `bytes`.
+
+    pub(super) fn replace_messages(&mut self, messages: Vec<Arc<Message>>) -> Vec<Arc<Message>> {
+        self.bytes = messages.iter().map(|m| m.byte_cost()).sum();
+        std::mem::replace(&mut self.messages, messages)
+    }
+
+    pub(super) fn push_message(&mut self, m: Arc<Message>) {
+        self.bytes += m.byte_cost();
+        self.messages.push(m);
+    }
+
+    pub(super) fn extend_messages(&mut self, new: impl IntoIterator<Item = Message>) {
+        for m in new {
+            self.push_message(Arc::new(m));
+        }
+    }
+
+    pub(super) fn drop_oldest(&mut self, n: usize) {
+        let gone: usize = self.messages[..n].iter().map(|m| m.byte_cost()).sum();
+        self.bytes = self.bytes.saturating_sub(gone);
+        self.messages.drain(..n);
+    }
+
+    pub(super) fn clear_messages(&mut self) {
+        self.bytes = 0;
+        self.messages.clear();
+    }
+
+    /// Changes the message at `index` (copied first if a window or a
+    /// storage op still shares it).
+    pub(super) fn edit_message<T>(
+        &mut self,
+        index: usize,
+        change: impl FnOnce(&mut Message) -> T,
+    ) -> T {
+        let m = Message::edit(&mut self.messages[index]);
+        let before = m.byte_cost();
+        let out = change(m);
+        let after = m.byte_cost();
+        self.bytes = (self.bytes + after).saturating_sub(before);
+        out
+    }
+}
+
+/// A Touch is written at most this long after the last one, besides once
+/// per turn: the end of a long reply is activity too.
+pub(super) const TOUCH_AFTER_MS: i64 = 1000;

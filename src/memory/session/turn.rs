@@ -1,0 +1,291 @@
+//! A turn's opening: the reply still in flight settled, the request
+//! reconciled with the history, its new messages stored, old ones
+//! trimmed, and the window the upstream is sent.
+
+use std::sync::{Arc, MutexGuard};
+
+use super::state::State;
+use super::{shared, Policy, Reply, Session};
+use crate::config::OnNewRequest;
+use crate::memory::inflight::{Happened, InFlight};
+use crate::memory::interruption::{self, Spoken};
+use crate::memory::message::Message;
+use crate::memory::reconcile::{self, Hints, Reconciled, Rewrite};
+use crate::memory::render;
+use crate::memory::tokens::Encoding;
+use crate::memory::turns;
+use crate::memory::window::{self, Limits, TrimReason, TrimScope};
+use crate::metrics::Cause;
+use crate::proxy::vendor::VendorRules;
+use crate::store::{Op, Ticket};
+use crate::webhook::Event;
+
+/// A request's turn, as the session needs it.
+pub struct TurnRequest<'a> {
+    /// The request's messages, instructions taken out.
+    pub incoming: &'a [Message],
+    pub user: Option<&'a str>,
+    /// How the model the turn is sent to counts tokens.
+    pub encoding: Encoding,
+    pub now_ms: i64,
+    /// The client says it retries (`x-stainless-retry-count` above 0).
+    pub retrying: bool,
+    pub idempotency_key: Option<&'a str>,
+    /// How the upstream sees the history, and its fallback if it has one.
+    pub rules: &'a VendorRules,
+    pub fallback_rules: Option<&'a VendorRules>,
+}
+
+/// What a turn sends upstream, decided when its messages were appended.
+#[derive(Debug)]
+pub struct Prepared {
+    pub turn_id: u64,
+    /// What the upstream is sent after the instructions (`render`).
+    pub window: Vec<Arc<Message>>,
+    /// The same for the fallback upstream, rendered for it.
+    pub fallback_window: Option<Vec<Arc<Message>>>,
+    pub system_messages: Vec<Message>,
+    /// Changes when the history is reset or replaced (see `State`).
+    pub incarnation: u64,
+    /// Resolves when the appended messages are durable.
+    pub durable: Ticket,
+    /// Stored messages this request superseded, and why.
+    pub rewrite: Option<Rewrite>,
+}
+
+impl Prepared {
+    /// A request without a session: its own messages are the window.
+    pub fn stateless(conversation: Vec<Message>) -> Self {
+        Self {
+            turn_id: 0,
+            window: shared(conversation),
+            fallback_window: None,
+            system_messages: Vec::new(),
+            incarnation: 0,
+            durable: Ticket::ready(),
+            rewrite: None,
+        }
+    }
+}
+
+/// Why a turn could not begin.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// A reply is in flight and the policy is to reject.
+    Busy,
+    /// The session ended meanwhile; look it up again.
+    Ended,
+}
+
+impl Session {
+    /// Opens a turn: settles the reply still in flight (if any), merges the
+    /// client's conversation into the history, and decides what the
+    /// upstream is sent.
+    pub fn begin(
+        self: &Arc<Self>,
+        policy: &Arc<Policy>,
+        req: &TurnRequest<'_>,
+    ) -> Result<(Prepared, Reply), Refused> {
+        let mut st = self.settled(policy, policy.on_new_request)?;
+        if let Some(user) = req.user {
+            if !st.users.iter().any(|u| u == user) {
+                st.users.push(user.to_owned());
+                st.meta_changed();
+            }
+        }
+        self.touch(req.now_ms);
+        let prepared = self.append(&mut st, policy, req);
+        let flight = Arc::new(InFlight::new(prepared.turn_id));
+        st.active = Some(Arc::clone(&flight));
+        Ok((
+            prepared,
+            Reply::new(flight, Arc::clone(self), Arc::clone(policy)),
+        ))
+    }
+
+    /// Settles the reply in flight in this process, if any, as `policy`
+    /// says; with shared storage this comes before claiming the session,
+    /// so that a turn never waits on its own process's lease.
+    pub fn settle(&self, policy: &Policy, on_new: OnNewRequest) -> Result<(), Refused> {
+        self.settled(policy, on_new).map(drop)
+    }
+
+    /// Settles the reply in flight, if any, as `on_new` says, and returns
+    /// the state with no reply in flight.
+    pub(super) fn settled(
+        &self,
+        policy: &Policy,
+        on_new: OnNewRequest,
+    ) -> Result<MutexGuard<'_, State>, Refused> {
+        let mut st = self.state();
+        if st.ended {
+            return Err(Refused::Ended);
+        }
+        let Some(active) = st.active.clone() else {
+            return Ok(st);
+        };
+        let happened = match on_new {
+            OnNewRequest::Interrupt => Happened::Cut {
+                spoken: None,
+                cause: Cause::NewRequest,
+            },
+            OnNewRequest::Reject => Happened::Rejecting,
+        };
+        self.settle_locked(&mut st, policy, &active, happened);
+        if !active.is_settled() {
+            return Err(Refused::Busy);
+        }
+        // Settled replies give up the slot; a reply settled before this
+        // request came (its record written) never holds it.
+        st.active = None;
+        Ok(st)
+    }
+
+    pub(super) fn append(
+        &self,
+        st: &mut State,
+        policy: &Policy,
+        req: &TurnRequest<'_>,
+    ) -> Prepared {
+        let now_ms = req.now_ms;
+        let incoming = req.incoming;
+        let mut ops = Vec::new();
+        let same_key = req
+            .idempotency_key
+            .is_some_and(|k| st.last_key.as_deref() == Some(k));
+        let hints = Hints {
+            front_dropped: st.first_seq > 0,
+            retry: req.retrying || same_key,
+        };
+        let found = reconcile::reconcile(&st.messages, incoming, hints);
+        let rewrite = self.apply(st, policy, &found, incoming.len(), now_ms, &mut ops);
+        st.last_key = req.idempotency_key.map(str::to_owned);
+        let mut new = incoming[found.new_from(incoming.len())..].to_vec();
+        st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, st.last_visible(), now_ms);
+        let from = st.messages.len();
+        st.extend_messages(new);
+        ops.extend((from..st.messages.len()).map(|i| self.push_op(st, i)));
+        self.trim(st, policy, &mut ops);
+
+        let limits = Limits {
+            messages: policy.history.window_messages,
+            chars: policy.history.window_chars,
+            tokens: policy.history.window_tokens,
+            encoding: req.encoding,
+        };
+        let sent = render::outbound(&st.messages, req.rules, limits);
+        let from = st.first_seq + sent.start as u64;
+        if let Some(reason) = sent.reason {
+            policy
+                .metrics
+                .add_trimmed(TrimScope::Window, reason, sent.start);
+            if from != st.window_from {
+                self.trimmed(policy, TrimScope::Window, reason, sent.start);
+            }
+        }
+        st.window_from = from;
+        // Rendered again only if the fallback sees messages differently.
+        let fallback_window = req
+            .fallback_rules
+            .filter(|rules| !rules.renders_like(req.rules))
+            .map(|rules| render::outbound(&st.messages, rules, limits).messages);
+        Prepared {
+            turn_id: st.turn_id,
+            window: sent.messages,
+            fallback_window,
+            system_messages: st.system_messages.clone(),
+            incarnation: st.incarnation,
+            durable: self.persist(st, policy, ops),
+            rewrite,
+        }
+    }
+
+    /// Carries out what `reconcile` decided of the stored messages: the
+    /// replies the client resent shortened are marked as heard, and those
+    /// a regenerate, an edit or a retry replaced are superseded (the
+    /// reason is returned when any were).
+    pub(super) fn apply(
+        &self,
+        st: &mut State,
+        policy: &Policy,
+        found: &Reconciled,
+        sent: usize,
+        now_ms: i64,
+        ops: &mut Vec<Op>,
+    ) -> Option<Rewrite> {
+        let superseded_from = found.superseded_from().unwrap_or(st.messages.len());
+        for (i, heard) in &found.shortened {
+            if *i < superseded_from {
+                st.edit_message(*i, |m| {
+                    interruption::mark_stored(
+                        m,
+                        Some(&Spoken::Text(heard.clone())),
+                        now_ms,
+                        Cause::NewRequest.label(),
+                    )
+                });
+                ops.push(self.set_op(st, *i));
+            }
+        }
+        let reason = found.rewrite(&st.messages, sent)?;
+        let mut gone = Vec::new();
+        for i in superseded_from..st.messages.len() {
+            let m = &st.messages[i];
+            if !interruption::is_superseded(m) && !interruption::from_the_session_api(m) {
+                st.edit_message(i, |m| interruption::supersede(m, now_ms));
+                ops.push(self.set_op(st, i));
+                gone.push(Arc::clone(&st.messages[i]));
+            }
+        }
+        if gone.is_empty() {
+            return None;
+        }
+        policy.metrics.superseded(reason.label(), gone.len());
+        tracing::debug!(session = %self.id, reason = reason.label(), superseded = gone.len(),
+            "history rewritten");
+        if policy.notifier.wants("history_rewritten") {
+            policy.notifier.notify(Event::HistoryRewritten {
+                session_id: self.id.clone(),
+                reason,
+                turn_id: st.turn_id,
+                superseded: gone,
+            });
+        }
+        Some(reason)
+    }
+
+    pub(super) fn trim(&self, st: &mut State, policy: &Policy, ops: &mut Vec<Op>) {
+        let by_count = window::keep_start(&st.messages, policy.history.max_messages);
+        let by_bytes = window::keep_start_bytes(&st.messages, st.bytes, policy.history.max_bytes);
+        let (drop, reason) = if by_bytes > by_count {
+            (by_bytes, TrimReason::MaxBytes)
+        } else {
+            (by_count, TrimReason::MaxMessages)
+        };
+        if drop > 0 {
+            st.drop_oldest(drop);
+            let from = st.first_seq;
+            st.first_seq += drop as u64;
+            ops.push(Op::DropBefore {
+                id: self.id.clone(),
+                from,
+                seq: st.first_seq,
+            });
+            policy.metrics.add_trimmed(TrimScope::History, reason, drop);
+            self.trimmed(policy, TrimScope::History, reason, drop);
+        }
+    }
+
+    /// Logs a trim, and tells the webhook when it asks to know.
+    pub(super) fn trimmed(&self, policy: &Policy, scope: TrimScope, reason: TrimReason, n: usize) {
+        tracing::debug!(session = %self.id, ?scope, ?reason, removed = n, "history trimmed");
+        if policy.notifier.wants("history_trimmed") {
+            policy.notifier.notify(Event::HistoryTrimmed {
+                session_id: self.id.clone(),
+                removed_count: n,
+                reason,
+                scope,
+            });
+        }
+    }
+}
