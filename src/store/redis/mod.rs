@@ -274,7 +274,7 @@ impl Redis {
         Ok(version == Some(known))
     }
 
-    /// Claims a kept event for sending: a lease on `P:event-claim:{id}`,
+    /// Claims a kept event for sending: a lease on `P:{e:<id>}:claim`,
     /// renewed while held, so that it lapses within `lease_ms` if this
     /// replica dies mid-delivery. `Err` with the time left on the claim
     /// when another replica holds it.
