@@ -405,7 +405,7 @@ async fn a_kept_event_claimed_by_a_dead_replica_is_sent_once_its_claim_lapses() 
         .unwrap();
     let claim = Duration::from_millis(1500);
     let _: () = redis::cmd("SET")
-        .arg(format!("{prefix}:event-claim:msg_orphan"))
+        .arg(format!("{prefix}:{{e:msg_orphan}}:claim"))
         .arg("dead-replica:0")
         .arg("PX")
         .arg(claim.as_millis() as u64)

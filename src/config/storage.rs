@@ -11,7 +11,8 @@ pub struct StorageConfig {
     /// SQLite: `normal` survives a crash of the process, `full` also a
     /// power loss (an fsync per group commit).
     pub sync: SyncMode,
-    /// Redis: e.g. `redis://127.0.0.1:6379`.
+    /// Redis: e.g. `redis://127.0.0.1:6379`, or a cluster's nodes as
+    /// `redis+cluster://host:port,host:port` (see `redis_target`).
     pub url: Option<String>,
     /// Redis: prefix of every key and channel.
     pub key_prefix: String,
@@ -30,6 +31,56 @@ impl Default for StorageConfig {
             key_prefix: "recall".into(),
             lease_ms: 10_000,
         }
+    }
+}
+
+/// What `storage.url` names: one Redis, or the nodes a Redis Cluster
+/// client starts from (it learns the others from them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    Single(String),
+    /// One `redis://[user:password@]host:port` URL per node given.
+    Cluster(Vec<String>),
+}
+
+const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+impl StorageConfig {
+    /// Parses `url`: `redis://...` or `rediss://...` for one Redis,
+    /// `redis+cluster://[user:password@]host:port[,host:port...]` for a
+    /// cluster. The error says what is wrong, for `storage.url`.
+    pub fn redis_target(&self) -> Result<RedisTarget, String> {
+        let Some(url) = self.url.as_deref() else {
+            return Err("is required when storage.backend = \"redis\"".into());
+        };
+        if url.starts_with("redis://") || url.starts_with("rediss://") {
+            return Ok(RedisTarget::Single(url.to_owned()));
+        }
+        let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) else {
+            return Err(
+                "must be a redis:// URL, or redis+cluster://host:port,host:port for a cluster"
+                    .into(),
+            );
+        };
+        // The credentials, if any, apply to every node.
+        let (auth, hosts) = match rest.rsplit_once('@') {
+            Some((auth, hosts)) => (format!("{auth}@"), hosts),
+            None => (String::new(), rest),
+        };
+        let hosts = hosts.trim_end_matches('/');
+        let mut nodes = Vec::new();
+        for node in hosts.split(',') {
+            let ok = node.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && !host.contains(['/', '?']) && port.parse::<u16>().is_ok()
+            });
+            if !ok {
+                return Err(format!(
+                    "names a cluster node {node:?} that is not host:port (redis+cluster://host:port,host:port)"
+                ));
+            }
+            nodes.push(format!("redis://{auth}{node}"));
+        }
+        Ok(RedisTarget::Cluster(nodes))
     }
 }
 

@@ -156,3 +156,39 @@ fn unlimited_window_needs_unlimited_max() {
     .is_ok());
     assert!(parse(&format!("[history]\nwindow_messages = 0\n{UPSTREAM}")).is_err());
 }
+
+#[test]
+fn redis_url_names_one_redis_or_a_clusters_nodes() {
+    let with = |url: &str, extra: &str| {
+        parse(&format!(
+            "{UPSTREAM}[storage]\nbackend = \"redis\"\nurl = \"{url}\"\n{extra}"
+        ))
+    };
+    let single = with("redis://127.0.0.1:6379/0", "").unwrap();
+    assert_eq!(
+        single.storage.redis_target(),
+        Ok(RedisTarget::Single("redis://127.0.0.1:6379/0".into()))
+    );
+    let cluster = with("redis+cluster://u:pw@10.0.0.1:7000,node-2:7001", "").unwrap();
+    assert_eq!(
+        cluster.storage.redis_target(),
+        Ok(RedisTarget::Cluster(vec![
+            "redis://u:pw@10.0.0.1:7000".into(),
+            "redis://u:pw@node-2:7001".into()
+        ]))
+    );
+    for bad in [
+        "http://x:1",
+        "redis+cluster://",
+        "redis+cluster://a:1,,b:2",
+        "redis+cluster://a:notaport",
+        "redis+cluster://a",
+    ] {
+        let e = with(bad, "").unwrap_err().to_string();
+        assert!(e.contains("storage.url"), "{bad}: {e}");
+    }
+    let e = with("redis://x:1", "key_prefix = \"a{b}\"")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("storage.key_prefix"), "{e}");
+}

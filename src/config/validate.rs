@@ -46,14 +46,14 @@ impl Config {
             }
         }
         if self.storage.backend == StorageBackend::Redis {
-            match &self.storage.url {
-                Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {}
-                _ => {
-                    return Err(invalid(
-                        "storage.url",
-                        "must be a redis:// URL when storage.backend = \"redis\"",
-                    ))
-                }
+            if let Err(e) = self.storage.redis_target() {
+                return Err(invalid("storage.url", &e));
+            }
+            if self.storage.key_prefix.contains(['{', '}']) {
+                return Err(invalid(
+                    "storage.key_prefix",
+                    "must not contain { or }: recall puts each session's keys in a hash tag of their own",
+                ));
             }
             if self.storage.lease_ms < 100 {
                 return Err(invalid("storage.lease_ms", "must be at least 100"));

@@ -1,0 +1,395 @@
+//! Redis: memory shared by several recall replicas behind any load
+//! balancer, on one Redis or a Redis Cluster.
+//!
+//! Keys, under the configured prefix `P` (`keys.rs`); `{...}` is a hash
+//! tag, so a session's keys are in one slot of a cluster:
+//! - `P:{id}:s`: hash, the session's meta and a `version` that every write
+//!   batch bumps;
+//! - `P:{id}:m`: hash, message JSON by sequence number;
+//! - `P:{id}:lease`: which replica holds the session's turn, with expiry;
+//! - `P:{b<n>}:ids`: sorted set of the ids of bucket n (score 0, listed in
+//!   id order), one of 16 buckets a session's id hashes to;
+//! - `P:{b<n>}:active`: sorted set of the ids of bucket n by last activity
+//!   (expiry, eviction);
+//! - `P:{b<n>}:undelivered`: hash, webhook events kept until delivered, by
+//!   id (bucket of the event's id);
+//! - `P:{u:<user>}`: set of the ids a user spoke in;
+//! - `P:{e:<event>}:claim`: which replica is sending a kept event, with
+//!   expiry;
+//! - channel `P:interrupt`: "stop your reply in flight for this id".
+//!
+//! A replica takes a session's lease before it changes the session, renews
+//! it while the turn runs, and gives it up after the turn's record is
+//! written (in the same ordered write queue), so one session's turns are
+//! serialised across replicas. A replica that dies stops renewing: its
+//! lease lapses after `lease_ms`. How the indexes are kept next to the
+//! sessions' transactions, and what a failure between them leaves, is in
+//! `writer.rs`.
+
+mod conn;
+mod keys;
+mod read;
+mod writer;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use futures_util::StreamExt;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use self::conn::Conn;
+use self::keys::Keys;
+use super::{Batch, Faults, Fences, Op, StorageError, Ticket};
+use crate::config::{RedisTarget, StorageConfig};
+
+/// How often a waiting replica tries to take a lease.
+const CLAIM_POLL: Duration = Duration::from_millis(10);
+
+const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+const RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+const SET_IF_STORED: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return 0";
+const BUMP: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HINCRBY', KEYS[1], 'version', 1) else return 0 end";
+
+/// Called with a session id when another replica asks this one to stop
+/// the reply it has in flight for that session.
+pub type OnInterrupt = Box<dyn Fn(&str) + Send + Sync>;
+
+pub struct Redis {
+    keys: Keys,
+    conn: Conn,
+    tx: mpsc::UnboundedSender<Batch>,
+    /// The version of each session this replica last read or wrote; a
+    /// different version in Redis means another replica changed it.
+    known: Arc<DashMap<String, u64>>,
+    lease_ms: u64,
+    replica: String,
+    next_token: AtomicU64,
+    on_interrupt: Arc<OnceLock<OnInterrupt>>,
+    /// Sessions whose writes failed (see `Fences`).
+    pub(crate) fences: Arc<Fences>,
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
+    pub(crate) faults: Arc<Faults>,
+}
+
+/// A lease held by this replica. Dropping it stops the renewal.
+/// `Storage::release` gives a session's lease up once earlier writes are
+/// done; a session's lease dropped without it (an error or a client that
+/// left between the claim and the turn) queues its own release, rather
+/// than keep other replicas waiting until it lapses.
+#[derive(Debug)]
+pub struct Lease {
+    pub(super) id: String,
+    pub(super) token: String,
+    renewal: CancellationToken,
+    /// A session's lease: the writer's queue, for the release on drop.
+    release_on_drop: Option<mpsc::UnboundedSender<Batch>>,
+}
+
+impl Lease {
+    /// Whether the lease was found taken by another holder (it had lapsed)
+    /// or is no longer renewed.
+    pub fn lost(&self) -> bool {
+        self.renewal.is_cancelled()
+    }
+
+    /// The op that gives the lease up; the drop then queues nothing.
+    pub(super) fn release_op(mut self) -> Op {
+        self.release_on_drop = None;
+        Op::Release {
+            id: std::mem::take(&mut self.id),
+            token: std::mem::take(&mut self.token),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.renewal.cancel();
+        if let Some(tx) = self.release_on_drop.take() {
+            let ops = vec![Op::Release {
+                id: std::mem::take(&mut self.id),
+                token: std::mem::take(&mut self.token),
+            }];
+            // A writer that has stopped has nothing left to release into.
+            let _ = tx.send(Batch { ops, done: None });
+        }
+    }
+}
+
+/// How a claim waits when another turn holds the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Not at all.
+    No,
+    /// Ask the holder to interrupt its reply, then wait for it.
+    Interrupt,
+    /// Wait for the holder to finish its turn.
+    Patiently,
+}
+
+impl Redis {
+    pub async fn open(config: &StorageConfig, writes: Histogram) -> Result<Self, StorageError> {
+        let target = config.redis_target().map_err(StorageError::Failed)?;
+        let conn = Conn::open(&target).await?;
+        let keys = Keys::new(&config.key_prefix);
+        let known = Arc::new(DashMap::new());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let fences = Arc::new(Fences::default());
+        let faults: Arc<Faults> = Arc::default();
+        tokio::spawn(writer::write_loop(
+            writer::Writer {
+                conn: conn.clone(),
+                keys: keys.clone(),
+                known: Arc::clone(&known),
+                writes,
+                fences: Arc::clone(&fences),
+                faults: Arc::clone(&faults),
+            },
+            rx,
+        ));
+        let on_interrupt: Arc<OnceLock<OnInterrupt>> = Arc::new(OnceLock::new());
+        // A cluster's nodes pass a plain PUBLISH on to every other node, so
+        // a subscription to any one node hears every replica's requests.
+        let nodes = match target {
+            RedisTarget::Single(url) => vec![url],
+            RedisTarget::Cluster(nodes) => nodes,
+        };
+        tokio::spawn(listen(
+            nodes,
+            keys.interrupt_channel(),
+            Arc::clone(&on_interrupt),
+        ));
+        let replica = format!("{:x}", ring_random());
+        tracing::info!(%replica, prefix = %config.key_prefix, cluster = matches!(conn, Conn::Cluster(_)), "redis storage open");
+        Ok(Self {
+            keys,
+            conn,
+            tx,
+            known,
+            lease_ms: config.lease_ms,
+            replica,
+            next_token: AtomicU64::new(0),
+            on_interrupt,
+            fences,
+            faults,
+        })
+    }
+
+    pub fn on_interrupt(&self, f: OnInterrupt) {
+        let _ = self.on_interrupt.set(f);
+    }
+
+    pub fn submit(&self, ops: Vec<Op>) -> Ticket {
+        let (done, rx) = oneshot::channel();
+        if self
+            .tx
+            .send(Batch {
+                ops,
+                done: Some(done),
+            })
+            .is_err()
+        {
+            tracing::error!("redis writer has stopped; a change was not stored");
+        }
+        Ticket::pending(rx)
+    }
+
+    /// Takes the session's lease. `None` when another turn holds it and
+    /// `wait` is `No`, or it was not given up within the lease time.
+    pub async fn claim(&self, id: &str, wait: Wait) -> Result<Option<Lease>, StorageError> {
+        let key = self.keys.lease(id);
+        let token = format!(
+            "{}:{}",
+            self.replica,
+            self.next_token.fetch_add(1, Ordering::Relaxed)
+        );
+        // A lease lapses within lease_ms when its holder stops renewing it;
+        // a live holder's turn may take longer, and a patient writer waits
+        // for it (up to the upstream's own limits, a few minutes).
+        let patience = match wait {
+            Wait::Patiently => Duration::from_secs(300),
+            _ => Duration::from_millis(self.lease_ms) + Duration::from_secs(1),
+        };
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut conn = self.conn.clone();
+        let mut asked_at: Option<tokio::time::Instant> = None;
+        loop {
+            let taken: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.lease_ms)
+                .query_async(&mut conn)
+                .await?;
+            if taken.is_some() {
+                let renewal = CancellationToken::new();
+                tokio::spawn(renew(
+                    conn,
+                    key,
+                    token.clone(),
+                    self.lease_ms,
+                    renewal.clone(),
+                ));
+                return Ok(Some(Lease {
+                    id: id.to_owned(),
+                    token,
+                    renewal,
+                    release_on_drop: Some(self.tx.clone()),
+                }));
+            }
+            if wait == Wait::No || tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            // Asked again now and then: the holder may not have had its
+            // reply in flight registered yet when the first request came.
+            let ask = asked_at.is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
+            if wait == Wait::Interrupt && ask {
+                let _: i64 = redis::cmd("PUBLISH")
+                    .arg(self.keys.interrupt_channel())
+                    .arg(id)
+                    .query_async(&mut conn)
+                    .await?;
+                asked_at = Some(tokio::time::Instant::now());
+            }
+            tokio::time::sleep(CLAIM_POLL).await;
+        }
+    }
+
+    /// Whether this replica's copy of the session is what Redis holds.
+    pub async fn is_fresh(&self, id: &str) -> Result<bool, StorageError> {
+        let Some(known) = self.known.get(id).map(|v| *v) else {
+            return Ok(false);
+        };
+        let mut conn = self.conn.clone();
+        let version: Option<u64> = redis::cmd("HGET")
+            .arg(self.keys.meta(id))
+            .arg("version")
+            .query_async(&mut conn)
+            .await?;
+        Ok(version == Some(known))
+    }
+
+    /// Claims a kept event for sending: a lease on `P:{e:<id>}:claim`,
+    /// renewed while held, so that it lapses within `lease_ms` if this
+    /// replica dies mid-delivery. `Err` with the time left on the claim
+    /// when another replica holds it.
+    pub async fn claim_event(&self, id: &str) -> Result<Result<Lease, Duration>, StorageError> {
+        let key = self.keys.event_claim(id);
+        let token = format!(
+            "{}:{}",
+            self.replica,
+            self.next_token.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut conn = self.conn.clone();
+        let (taken, ttl): (Option<String>, i64) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.lease_ms)
+            .cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await?;
+        if taken.is_none() {
+            // -2: let go just now; -1 (no expiry, not set by recall): look
+            // again as if it were a claim of ours.
+            let left = match ttl {
+                -1 => self.lease_ms,
+                t => t.max(0) as u64,
+            };
+            return Ok(Err(Duration::from_millis(left)));
+        }
+        let renewal = CancellationToken::new();
+        tokio::spawn(renew(
+            conn,
+            key,
+            token.clone(),
+            self.lease_ms,
+            renewal.clone(),
+        ));
+        Ok(Ok(Lease {
+            id: id.to_owned(),
+            token,
+            renewal,
+            release_on_drop: None,
+        }))
+    }
+
+    /// Gives up a kept event's claim, if this replica still holds it.
+    pub async fn release_event(&self, lease: Lease) -> Result<(), StorageError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = redis::Script::new(RELEASE)
+            .key(self.keys.event_claim(&lease.id))
+            .arg(&lease.token)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+fn ring_random() -> u64 {
+    let mut bytes = [0u8; 8];
+    let rng = ring::rand::SystemRandom::new();
+    let _ = ring::rand::SecureRandom::fill(&rng, &mut bytes);
+    u64::from_le_bytes(bytes)
+}
+
+async fn renew(mut conn: Conn, key: String, token: String, lease_ms: u64, stop: CancellationToken) {
+    let every = Duration::from_millis((lease_ms / 3).max(50));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let renewed: Result<i64, _> = redis::Script::new(RENEW)
+            .key(&key)
+            .arg(&token)
+            .arg(lease_ms)
+            .invoke_async(&mut conn)
+            .await;
+        match renewed {
+            Ok(1) => {}
+            Ok(_) => {
+                // Lost: a holder that asks (`Lease::lost`) stops acting on it.
+                stop.cancel();
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, key = %key, "could not renew a session lease"),
+        }
+    }
+}
+
+/// Interrupt requests from other replicas; resubscribes after errors, to
+/// the next node of a cluster.
+async fn listen(nodes: Vec<String>, channel: String, on_interrupt: Arc<OnceLock<OnInterrupt>>) {
+    for url in nodes.iter().cycle() {
+        match redis::Client::open(url.as_str()) {
+            Ok(client) => match client.get_async_pubsub().await {
+                Ok(mut pubsub) => {
+                    if let Err(e) = pubsub.subscribe(&channel).await {
+                        tracing::warn!(error = %e, "redis subscribe failed");
+                    } else {
+                        let mut messages = pubsub.on_message();
+                        while let Some(msg) = messages.next().await {
+                            if let (Ok(id), Some(f)) =
+                                (msg.get_payload::<String>(), on_interrupt.get())
+                            {
+                                f(&id);
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "redis pub/sub unavailable"),
+            },
+            Err(e) => tracing::warn!(error = %e, "redis pub/sub: bad node URL"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
