@@ -8,6 +8,13 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::config::RedisTarget;
 
+/// How long a command may take before it counts as failed. The crate's
+/// default (500 ms) is shorter than a loaded Redis takes for a round that
+/// carries a long reply's `original` (tens of MB): the round then failed
+/// with an unknown outcome (a 503 for a turn that may have been stored,
+/// and a reload), though Redis was only slow.
+const RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Clone)]
 pub enum Conn {
     Single(ConnectionManager),
@@ -19,11 +26,16 @@ impl Conn {
         Ok(match target {
             RedisTarget::Single(url) => Conn::Single(
                 redis::Client::open(url.as_str())?
-                    .get_connection_manager()
+                    .get_connection_manager_with_config(
+                        redis::aio::ConnectionManagerConfig::new()
+                            .set_response_timeout(Some(RESPONSE_TIMEOUT)),
+                    )
                     .await?,
             ),
             RedisTarget::Cluster(nodes) => Conn::Cluster(
-                redis::cluster::ClusterClient::new(nodes.iter().map(String::as_str))?
+                redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+                    .response_timeout(RESPONSE_TIMEOUT)
+                    .build()?
                     .get_async_connection()
                     .await?,
             ),
