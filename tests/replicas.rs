@@ -481,3 +481,62 @@ async fn a_dropped_lease_is_released_at_once() {
     eprintln!("dropped leases: attempted {attempted}, released at once {released}");
     assert_eq!(released, attempted);
 }
+
+/// A drain that ends after its replica gave the session up writes only
+/// what it learnt (the complete original), beside the record: a change
+/// another replica made to that record meanwhile (here, what the user
+/// heard, from the client's resend) stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_drain_keeps_another_replicas_change_to_the_record() {
+    let Some((a, b, upstream)) = pair("[interruption]\ndrain_timeout_secs = 10\n").await else {
+        return;
+    };
+    let pieces = [
+        "Why did ",
+        "the scarecrow ",
+        "win ",
+        "an ",
+        "award? ",
+        "Because ",
+        "he was ",
+        "outstanding ",
+        "in his ",
+        "field.",
+    ];
+    let full: String = pieces.concat();
+    upstream.push(sse_text(&pieces, Duration::from_millis(150)));
+    let resp = a
+        .post_chat(
+            "late",
+            json!({"model": "m", "stream": true, "messages": [user("joke?")]}),
+        )
+        .await;
+    let mut stream = resp.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("the scarecrow") {
+        seen.push_str(&String::from_utf8_lossy(
+            &stream.next().await.unwrap().unwrap(),
+        ));
+    }
+    // The user heard less than A relayed; B learns it from the resend,
+    // while A's drain still reads the rest of the joke.
+    let (status, body) = b
+        .chat(
+            Some("late"),
+            json!({"model": "m", "messages": [user("joke?"), assistant("Why"), user("go on")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let record = wait_for(&b, "late", 1, Duration::from_secs(10), |m| {
+        m["metadata"]["original_complete"] == true
+    })
+    .await;
+    assert_eq!(record["metadata"]["original"], full.as_str(), "{record}");
+    assert_eq!(
+        record["content"], "Why",
+        "the drain replaced what B stored of the record: {record}"
+    );
+    assert_eq!(record["metadata"]["interrupted"], true);
+    let (_, hist) = a.history("late").await;
+    assert_eq!(hist["contents"][1]["content"], "Why", "{hist}");
+}

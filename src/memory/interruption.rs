@@ -144,6 +144,26 @@ pub fn set_original(m: &mut Message, full: &Message, complete: bool) {
     }
 }
 
+/// The fields a drain or a break sets on a record after it was written
+/// (`set_original`, `set_error`), as they are on `m`.
+pub fn late_fields(m: &Message) -> serde_json::Map<String, Value> {
+    let mut out = serde_json::Map::new();
+    for key in [ORIGINAL, ORIGINAL_COMPLETE, ORIGINAL_TOOL_CALLS, ERROR] {
+        if let Some(v) = m.metadata.as_ref().and_then(|md| md.get(key)) {
+            out.insert(key.to_owned(), v.clone());
+        }
+    }
+    out
+}
+
+/// Puts `late_fields` back on a message read from storage.
+pub fn merge_late_fields(m: &mut Message, fields: serde_json::Map<String, Value>) {
+    let md = m.metadata_mut();
+    for (key, value) in fields {
+        md.insert(key, value);
+    }
+}
+
 pub fn set_error(m: &mut Message, error: &str) {
     m.metadata_mut()
         .insert(ERROR, Value::String(error.to_owned()));

@@ -106,6 +106,17 @@ pub enum Op {
         seq: u64,
         message: Arc<Message>,
     },
+    /// What a drain or a break learnt of an interrupted reply after its
+    /// record was written (`original`, `original_complete`,
+    /// `original_tool_calls`, `error`): `message` is the reply with them.
+    /// By then another replica may hold the session and have changed the
+    /// message, so shared storage keeps these fields beside it and merges
+    /// them in on load, rather than replace the message.
+    SetLate {
+        id: String,
+        seq: u64,
+        message: Arc<Message>,
+    },
     /// Drops messages older than `seq` (the oldest was `from`).
     DropBefore { id: String, from: u64, seq: u64 },
     /// Drops every message.
@@ -135,6 +146,7 @@ impl Op {
             | Op::Touch { id, .. }
             | Op::Push { id, .. }
             | Op::Set { id, .. }
+            | Op::SetLate { id, .. }
             | Op::DropBefore { id, .. }
             | Op::Clear { id }
             | Op::Delete { id, .. }

@@ -126,6 +126,14 @@ impl Session {
         }
     }
 
+    pub(super) fn late_op(&self, st: &State, index: usize) -> Op {
+        Op::SetLate {
+            id: self.id.clone(),
+            seq: st.first_seq + index as u64,
+            message: Arc::clone(&st.messages[index]),
+        }
+    }
+
     pub(super) fn set_op(&self, st: &State, index: usize) -> Op {
         Op::Set {
             id: self.id.clone(),

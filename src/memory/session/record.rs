@@ -94,10 +94,7 @@ impl Session {
                 if let Some((complete, yielded)) = drained {
                     policy.metrics.drained(complete, yielded);
                 }
-                (
-                    None,
-                    self.update_locked(st, seq, policy, |m| change.apply(m)),
-                )
+                (None, self.update_late(st, seq, policy, |m| change.apply(m)))
             }
         }
     }
@@ -117,8 +114,9 @@ impl Session {
         }
     }
 
-    /// Changes a stored message, if it is still stored.
-    pub(super) fn update_locked(
+    /// Changes a reply's record after it was written (a drain's end, a
+    /// break), if it is still stored.
+    pub(super) fn update_late(
         &self,
         st: &mut State,
         seq: u64,
@@ -133,7 +131,9 @@ impl Session {
             return Ticket::ready();
         };
         st.edit_message(index, change);
-        let op = self.set_op(st, index);
+        // Only the fields learnt late: with shared storage, another replica
+        // may have changed the message since this one recorded it.
+        let op = self.late_op(st, index);
         self.persist(st, policy, vec![op])
     }
 

@@ -33,6 +33,12 @@ impl Keys {
         format!("{}:{{{id}}}:m", self.prefix)
     }
 
+    /// Hash: by sequence number, the fields a drain learnt after a reply's
+    /// record was written (`Op::SetLate`), merged into the message on load.
+    pub fn late(&self, id: &str) -> String {
+        format!("{}:{{{id}}}:o", self.prefix)
+    }
+
     /// String with expiry: the replica holding the session's turn.
     pub fn lease(&self, id: &str) -> String {
         format!("{}:{{{id}}}:lease", self.prefix)

@@ -52,6 +52,9 @@ const CLAIM_POLL: Duration = Duration::from_millis(10);
 const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 const RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
 const SET_IF_STORED: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return 0";
+/// Keeps late fields beside a message that is still stored (KEYS: its
+/// messages, its late fields).
+const SET_LATE_IF_STORED: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end return 0";
 const BUMP: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HINCRBY', KEYS[1], 'version', 1) else return 0 end";
 
 /// Called with a session id when another replica asks this one to stop

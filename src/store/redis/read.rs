@@ -15,12 +15,15 @@ use crate::store::{Listed, Loaded, Meta, StorageError};
 impl Redis {
     pub async fn load(&self, id: &str) -> Result<Option<Loaded>, StorageError> {
         let mut conn = self.conn.clone();
-        let (meta, messages): (HashMap<String, String>, HashMap<u64, String>) = redis::pipe()
+        type Hash<K> = HashMap<K, String>;
+        let (meta, messages, mut late): (Hash<String>, Hash<u64>, Hash<u64>) = redis::pipe()
             .atomic()
             .cmd("HGETALL")
             .arg(self.keys.meta(id))
             .cmd("HGETALL")
             .arg(self.keys.messages(id))
+            .cmd("HGETALL")
+            .arg(self.keys.late(id))
             .query_async(&mut conn)
             .await?;
         if !meta.contains_key("created_ms") {
@@ -33,11 +36,17 @@ impl Redis {
         ordered.sort_by_key(|(seq, _)| *seq);
         let messages = ordered
             .into_iter()
-            .map(|(_, body)| {
-                serde_json::from_str::<Message>(&body)
-                    .map_err(|e| StorageError::Corrupt(format!("message of {id}: {e}")))
+            .map(|(seq, body)| {
+                let mut m = serde_json::from_str::<Message>(&body)
+                    .map_err(|e| StorageError::Corrupt(format!("message of {id}: {e}")))?;
+                if let Some(fields) = late.remove(&seq) {
+                    let fields = serde_json::from_str(&fields)
+                        .map_err(|e| StorageError::Corrupt(format!("late fields of {id}: {e}")))?;
+                    crate::memory::interruption::merge_late_fields(&mut m, fields);
+                }
+                Ok(m)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, StorageError>>()?;
         self.known.insert(id.to_owned(), version);
         Ok(Some(Loaded { meta, messages }))
     }

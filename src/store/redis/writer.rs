@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 
 use super::conn::Conn;
 use super::keys::{bucket, Keys};
-use super::{BUMP, RELEASE, SET_IF_STORED};
+use super::{BUMP, RELEASE, SET_IF_STORED, SET_LATE_IF_STORED};
 use crate::memory::message::Message;
 use crate::store::{Batch, Faults, Fences, Op, StorageError};
 
@@ -476,20 +476,34 @@ fn queue(
                 .arg(to_json(message)?);
             Ok(true)
         }
+        Op::SetLate { id, seq, message } => {
+            let late = crate::memory::interruption::late_fields(message);
+            tx.cmd("EVAL")
+                .arg(SET_LATE_IF_STORED)
+                .arg(2)
+                .arg(keys.messages(id))
+                .arg(keys.late(id))
+                .arg(*seq)
+                .arg(serde_json::Value::Object(late).to_string());
+            Ok(true)
+        }
         Op::DropBefore { id, from, seq } => {
             if seq > from {
-                tx.cmd("HDEL")
-                    .arg(keys.messages(id))
-                    .arg((*from..*seq).collect::<Vec<u64>>());
+                let gone: Vec<u64> = (*from..*seq).collect();
+                tx.cmd("HDEL").arg(keys.messages(id)).arg(&gone);
+                tx.cmd("HDEL").arg(keys.late(id)).arg(&gone);
             }
             Ok(true)
         }
         Op::Clear { id } => {
-            tx.cmd("DEL").arg(keys.messages(id));
+            tx.cmd("DEL").arg(keys.messages(id)).arg(keys.late(id));
             Ok(true)
         }
         Op::Delete { id, users } => {
-            tx.cmd("DEL").arg(keys.meta(id)).arg(keys.messages(id));
+            tx.cmd("DEL")
+                .arg(keys.meta(id))
+                .arg(keys.messages(id))
+                .arg(keys.late(id));
             unit.deleted = true;
             unit.deleted_users.extend(users.iter().cloned());
             Ok(false)

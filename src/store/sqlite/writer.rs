@@ -271,7 +271,8 @@ pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
                 .execute(params![id, *seq as i64, to_json(message)?])?;
             }
             // An update to a message trimmed meanwhile changes nothing.
-            Op::Set { id, seq, message } => {
+            // One process per database: the message here is the newest.
+            Op::Set { id, seq, message } | Op::SetLate { id, seq, message } => {
                 tx.prepare_cached(
                     "UPDATE messages SET body = ?3 WHERE session_id = ?1 AND seq = ?2",
                 )?
