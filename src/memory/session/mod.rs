@@ -169,17 +169,22 @@ impl Session {
 
     /// Replaces the local copy with what shared storage holds, unless a
     /// reply is in flight here (then this process holds the session and
-    /// its copy is the newest).
-    pub fn reload(&self, loaded: Loaded) {
+    /// its copy is the newest). `batches` is `Session::batches` from before `loaded` was read: if
+    /// this session wrote anything since, what was read may be older than
+    /// memory, and nothing is replaced (returns false: read again).
+    pub fn reload(&self, loaded: Loaded, batches: u64) -> bool {
         let mut st = self.state();
         if st.active.is_some() || st.ended {
-            return;
+            return true;
+        }
+        if st.saved.batches != batches {
+            return false;
         }
         let Loaded { meta, messages } = loaded;
         self.last_active_ms
             .fetch_max(meta.last_active_ms, Ordering::Relaxed);
-        let batches = st.saved.batches;
         *st = State::with_messages(meta, messages);
         st.saved.batches = batches;
+        true
     }
 }

@@ -10,6 +10,10 @@ use dashmap::DashMap;
 use super::Session;
 use crate::store::{Storage, StorageError};
 
+/// Reads of a session another replica changed, before a request gives up
+/// (each is lost only to a write of this replica's own meanwhile).
+const RELOAD_TRIES: usize = 5;
+
 #[derive(Default)]
 pub struct Store {
     sessions: DashMap<String, Arc<Session>>,
@@ -33,19 +37,28 @@ impl Store {
             if !storage.shared() || s.is_busy() || storage.is_fresh(id).await? {
                 return Ok(Some(s));
             }
-            // Another replica changed it, or ended it.
-            return match storage.load(id).await? {
-                Some(loaded) => {
-                    s.reload(loaded);
-                    Ok(Some(s))
-                }
-                None => {
-                    if !s.is_busy() {
-                        self.remove(&s);
+            // Another replica changed it, or ended it. A write of this
+            // replica's own that lands while storage is read (a drain's late
+            // update) makes what was read older than memory: read again.
+            for _ in 0..RELOAD_TRIES {
+                let batches = s.batches();
+                match storage.load(id).await? {
+                    Some(loaded) => {
+                        if s.reload(loaded, batches) {
+                            return Ok(Some(s));
+                        }
                     }
-                    Ok(None)
+                    None => {
+                        if !s.is_busy() {
+                            self.remove(&s);
+                        }
+                        return Ok(None);
+                    }
                 }
-            };
+            }
+            return Err(StorageError::Task(format!(
+                "session {id} kept changing while it was reloaded"
+            )));
         }
         let Some(loaded) = storage.load(id).await? else {
             return Ok(None);
