@@ -1,0 +1,113 @@
+//! What storage holds of a session (`Meta`, `Loaded`, `Listed`) and the
+//! changes it applies (`Op`).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::memory::message::Message;
+
+/// Everything about a session but its messages.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub created_ms: i64,
+    pub last_active_ms: i64,
+    pub turn_id: u64,
+    /// Sequence number of the oldest stored message.
+    pub first_seq: u64,
+    pub users: Vec<String>,
+    pub system_messages: Vec<Message>,
+}
+
+/// A session as read back from storage.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub meta: Meta,
+    pub messages: Vec<Message>,
+}
+
+/// A session in a listing, without its messages.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub id: String,
+    pub meta: Meta,
+    pub message_count: usize,
+}
+
+/// One change to a session, applied in order.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Creates the session or replaces its meta.
+    Save { id: String, meta: Meta },
+    /// Updates the fields of a session's meta that move with its turns,
+    /// leaving its users and system messages as they are. An upsert: a
+    /// session it finds missing is created without users or system
+    /// messages, so that what is stored can always be loaded.
+    Touch {
+        id: String,
+        created_ms: i64,
+        last_active_ms: i64,
+        turn_id: u64,
+        first_seq: u64,
+    },
+    /// Stores a new message under its sequence number.
+    Push {
+        id: String,
+        seq: u64,
+        message: Arc<Message>,
+    },
+    /// Replaces a stored message.
+    Set {
+        id: String,
+        seq: u64,
+        message: Arc<Message>,
+    },
+    /// What a drain or a break learnt of an interrupted reply after its
+    /// record was written (`original`, `original_complete`,
+    /// `original_tool_calls`, `error`): `message` is the reply with them.
+    /// By then another replica may hold the session and have changed the
+    /// message, so shared storage keeps these fields beside it and merges
+    /// them in on load, rather than replace the message.
+    SetLate {
+        id: String,
+        seq: u64,
+        message: Arc<Message>,
+    },
+    /// Drops messages older than `seq` (the oldest was `from`).
+    DropBefore { id: String, from: u64, seq: u64 },
+    /// Drops every message.
+    Clear { id: String },
+    /// Forgets the session (and that these users spoke in it).
+    Delete { id: String, users: Vec<String> },
+    /// Gives up a session's lease (shared storage only), after the writes
+    /// queued before it.
+    Release { id: String, token: String },
+    /// Keeps a webhook event that could not be delivered, to try again
+    /// after a restart.
+    KeepEvent { id: String, body: String },
+    /// Forgets a kept event (delivered at last).
+    ForgetEvent { id: String },
+    /// The session's memory was just rebuilt from what storage holds (or
+    /// started anew): its writes apply again after a failed one (see
+    /// `Fences`). Writes nothing.
+    Resume { id: String },
+}
+
+impl Op {
+    /// The session whose stored data this op changes (not a lease or a
+    /// webhook event).
+    pub fn session(&self) -> Option<&str> {
+        match self {
+            Op::Save { id, .. }
+            | Op::Touch { id, .. }
+            | Op::Push { id, .. }
+            | Op::Set { id, .. }
+            | Op::SetLate { id, .. }
+            | Op::DropBefore { id, .. }
+            | Op::Clear { id }
+            | Op::Delete { id, .. }
+            | Op::Resume { id } => Some(id),
+            Op::Release { .. } | Op::KeepEvent { .. } | Op::ForgetEvent { .. } => None,
+        }
+    }
+}
