@@ -186,8 +186,29 @@ pub(crate) fn gather(
     (batches, ops)
 }
 
-/// Tells each waiter of a round how its batch went.
-pub(crate) fn settle(batches: Vec<Batch>, results: Vec<Result<(), String>>) {
+/// The end of a writer's round of `ops` ops: failures are logged, the
+/// failed sessions fenced (and the others' fences lifted where their
+/// write says so), and each waiter told how its batch went.
+pub(crate) fn settle(
+    backend: &str,
+    ops: usize,
+    fences: &Fences,
+    batches: Vec<Batch>,
+    results: Vec<Result<(), String>>,
+) {
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    if failed > 0 {
+        tracing::error!(
+            backend,
+            ops,
+            batches = batches.len(),
+            failed,
+            "storage writes failed"
+        );
+    }
+    for (b, r) in batches.iter().zip(&results) {
+        fences.settled(b, r);
+    }
     for (b, result) in batches.into_iter().zip(results) {
         if let Some(done) = b.done {
             let _ = done.send(result);

@@ -230,20 +230,8 @@ impl Redis {
                 .query_async(&mut conn)
                 .await?;
             if taken.is_some() {
-                let renewal = CancellationToken::new();
-                tokio::spawn(renew(
-                    conn,
-                    key,
-                    token.clone(),
-                    self.lease_ms,
-                    renewal.clone(),
-                ));
-                return Ok(Some(Lease {
-                    id: id.to_owned(),
-                    token,
-                    renewal,
-                    release_on_drop: Some(self.tx.clone()),
-                }));
+                let release = Some(self.tx.clone());
+                return Ok(Some(self.held(conn, key, id, token, release)));
             }
             if wait == Wait::No || tokio::time::Instant::now() >= deadline {
                 return Ok(None);
@@ -309,6 +297,19 @@ impl Redis {
             };
             return Ok(Err(Duration::from_millis(left)));
         }
+        Ok(Ok(self.held(conn, key, id, token, None)))
+    }
+
+    /// A lease just taken under `key`, renewed until dropped; a session's
+    /// lease gets the writer's queue for its release on drop.
+    fn held(
+        &self,
+        conn: Conn,
+        key: String,
+        id: &str,
+        token: String,
+        release_on_drop: Option<mpsc::UnboundedSender<Batch>>,
+    ) -> Lease {
         let renewal = CancellationToken::new();
         tokio::spawn(renew(
             conn,
@@ -317,12 +318,12 @@ impl Redis {
             self.lease_ms,
             renewal.clone(),
         ));
-        Ok(Ok(Lease {
+        Lease {
             id: id.to_owned(),
             token,
             renewal,
-            release_on_drop: None,
-        }))
+            release_on_drop,
+        }
     }
 
     /// Gives up a kept event's claim, if this replica still holds it.

@@ -57,14 +57,7 @@ pub(super) async fn write_loop(mut w: Writer, mut rx: mpsc::UnboundedReceiver<Ba
         let started = std::time::Instant::now();
         let results = apply_round(&mut w, &batches).await;
         w.writes.observe(started.elapsed().as_secs_f64());
-        let failed = results.iter().filter(|r| r.is_err()).count();
-        if failed > 0 {
-            tracing::error!(ops, batches = batches.len(), failed, "redis writes failed");
-        }
-        for (b, r) in batches.iter().zip(&results) {
-            w.fences.settled(b, r);
-        }
-        crate::store::settle(batches, results);
+        crate::store::settle("redis", ops, &w.fences, batches, results);
     }
 }
 

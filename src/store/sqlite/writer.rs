@@ -96,14 +96,7 @@ pub(super) fn write_loop(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<B
         let (batches, ops) = super::super::gather(first, &mut rx, MAX_BATCH_OPS);
         let results = apply_round(&mut conn, &batches, w);
         w.writes.observe(started.elapsed().as_secs_f64());
-        let failed = results.iter().filter(|r| r.is_err()).count();
-        if failed > 0 {
-            tracing::error!(ops, batches = batches.len(), failed, "sqlite writes failed");
-        }
-        for (b, r) in batches.iter().zip(&results) {
-            w.fences.settled(b, r);
-        }
-        super::super::settle(batches, results);
+        super::super::settle("sqlite", ops, &w.fences, batches, results);
     }
     w.signals.stopped.store(true, Ordering::Relaxed);
     tracing::debug!("sqlite writer stopped");
