@@ -540,3 +540,119 @@ async fn a_late_drain_keeps_another_replicas_change_to_the_record() {
     let (_, hist) = a.history("late").await;
     assert_eq!(hist["contents"][1]["content"], "Why", "{hist}");
 }
+
+/// A replica whose lease lapsed while it worked (a stall, a partition:
+/// here the lease is taken from it by hand) does not write its turn over
+/// the turns of the replica that took the session over: its write expects
+/// the version it read, finds another, and is refused; its client is told
+/// the turn was not stored, and the replica serves the session again from
+/// what storage holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_whose_lease_lapsed_does_not_write_over_the_next_holder() {
+    let Some(config) = shared("") else {
+        return;
+    };
+    let upstream = MockUpstream::start().await;
+    let toml = format!(
+        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        upstream.base_url()
+    );
+    let a = Harness::with_config(&toml, upstream.clone()).await;
+    let b = Harness::with_config(&toml, upstream.clone()).await;
+    // A third replica reads what storage holds, with nothing in memory.
+    let c = Harness::with_config(&toml, upstream.clone()).await;
+    let url = std::env::var("RECALL_TEST_REDIS_URL").unwrap();
+    let mut redis = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (mut attempted, mut refused, mut overwritten, mut kept) = (0, 0, 0, 0);
+    for round in 0..4 {
+        let id = format!("fenced-{round}");
+        a.say(&id, "hello").await;
+        let first = upstream.received().len();
+        upstream.push(Reply::Delayed(
+            Duration::from_millis(700),
+            Box::new(completion("from a, too late")),
+        ));
+        let slow = {
+            let (a_url, id) = (a.url.clone(), id.clone());
+            tokio::spawn(async move {
+                let resp = reqwest::Client::new()
+                    .post(format!("{a_url}/v1/chat/completions"))
+                    .header("x-session-id", id)
+                    .json(&json!({"model": "m", "messages": [
+                        user("hello"), assistant("reply 1"), user("a asks")]}))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = resp.status().as_u16();
+                (status, resp.json::<serde_json::Value>().await.unwrap())
+            })
+        };
+        let t = Instant::now();
+        while upstream.received().len() == first {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "A's turn never went upstream"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A's lease lapses while its upstream call runs; B takes over.
+        let lease = format!("{}:{{{id}}}:lease", prefix_of(&config));
+        let taken: i64 = redis::cmd("DEL")
+            .arg(&lease)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(taken, 1, "A held no lease on {lease}");
+        let (status, body) = b
+            .chat(
+                Some(&id),
+                json!({"model": "m", "messages": [user("hello"), assistant("reply 1"), user("b asks")]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let b_reply = body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+
+        attempted += 1;
+        let (status, body) = slow.await.unwrap();
+        if status == 503 {
+            refused += 1;
+            assert_eq!(body["error"]["code"], "storage_unavailable", "{body}");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(message.contains("another replica"), "{message}");
+        }
+        let stored = c.transcript(&id).await;
+        if stored.iter().any(|m| m.contains("too late")) {
+            overwritten += 1;
+        }
+        let b_turn = ["user: b asks".to_owned(), format!("assistant: {b_reply}")];
+        if stored.ends_with(&b_turn) {
+            kept += 1;
+        }
+        // A serves the session again from what storage holds.
+        let (status, body) = a
+            .chat(
+                Some(&id),
+                json!({"model": "m", "messages": [user("hello"), assistant("reply 1"),
+                    user("b asks"), assistant(&b_reply), user("and now?")]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let stored = c.transcript(&id).await;
+        let n = stored.len();
+        assert!(n >= 4, "{stored:?}");
+        assert_eq!(stored[n - 4..n - 2], b_turn, "{stored:?}");
+        assert_eq!(stored[n - 2], "user: and now?", "{stored:?}");
+    }
+    eprintln!(
+        "stale holders' turns: attempted {attempted}, refused {refused}, \
+         written over the next holder's {overwritten}; next holder's turns kept {kept}"
+    );
+    assert_eq!((refused, overwritten, kept), (attempted, 0, attempted));
+}

@@ -4,7 +4,7 @@
 //! The faults are injected by `recall::store::faults` (the
 //! `fault-injection` feature, on for this crate's tests only) inside the
 //! writer's real units: SQLite's per-session savepoint or the whole
-//! round's commit, Redis's per-session MULTI/EXEC. These run on SQLite, or
+//! round's commit, Redis's per-session script call. These run on SQLite, or
 //! on Redis when `RECALL_TEST_BACKEND=redis`.
 
 mod common;

@@ -5,7 +5,7 @@
 //!
 //! A failed round fails every batch in it, as a failed commit does. A
 //! failed batch fails inside the writer's real per-session unit (SQLite's
-//! savepoint, Redis's MULTI/EXEC), so the rollback path that runs is the
+//! savepoint, Redis's script call), so the rollback path that runs is the
 //! production one.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -24,6 +24,9 @@ pub struct Meta {
 pub struct Loaded {
     pub meta: Meta,
     pub messages: Vec<Message>,
+    /// How many changes shared storage has applied to the session (0
+    /// elsewhere): the session's writes say it back (`Op::Expect`).
+    pub version: u64,
 }
 
 /// A session in a listing, without its messages.
@@ -87,6 +90,12 @@ pub enum Op {
     KeepEvent { id: String, body: String },
     /// Forgets a kept event (delivered at last).
     ForgetEvent { id: String },
+    /// The session's data must be at `version` (shared storage only): the
+    /// version it was read at, plus one for each batch of this replica's
+    /// since. Found otherwise, another replica changed the session (this
+    /// one's lease lapsed while it worked): the batch is refused, and with
+    /// it the session's later batches (see `Fences`).
+    Expect { id: String, version: u64 },
     /// The session's memory was just rebuilt from what storage holds (or
     /// started anew): its writes apply again after a failed one (see
     /// `Fences`). Writes nothing.
@@ -106,8 +115,31 @@ impl Op {
             | Op::DropBefore { id, .. }
             | Op::Clear { id }
             | Op::Delete { id, .. }
+            | Op::Expect { id, .. }
             | Op::Resume { id } => Some(id),
             Op::Release { .. } | Op::KeepEvent { .. } | Op::ForgetEvent { .. } => None,
+        }
+    }
+
+    /// Whether it changes the session's data, and so moves its version.
+    /// A drain's late fields do not: they merge into whatever the record
+    /// has become, and must not refuse the writes of the replica that
+    /// holds the session by then.
+    pub fn bumps(&self) -> bool {
+        match self {
+            Op::Save { .. }
+            | Op::Touch { .. }
+            | Op::Push { .. }
+            | Op::Set { .. }
+            | Op::DropBefore { .. }
+            | Op::Clear { .. }
+            | Op::Delete { .. } => true,
+            Op::SetLate { .. }
+            | Op::Expect { .. }
+            | Op::Release { .. }
+            | Op::KeepEvent { .. }
+            | Op::ForgetEvent { .. }
+            | Op::Resume { .. } => false,
         }
     }
 }

@@ -63,10 +63,13 @@ impl Batch {
     }
 
     /// Whether it may be applied to a fenced session: it starts over from
-    /// what storage holds (`Resume`) or forgets the session (`Delete`).
+    /// what storage holds (`Resume`) or forgets the session (`Delete`),
+    /// whatever it expects first.
     pub(crate) fn lifts_fence(&self) -> bool {
         matches!(
-            self.ops.iter().find(|op| op.session().is_some()),
+            self.ops
+                .iter()
+                .find(|op| op.session().is_some() && !matches!(op, Op::Expect { .. })),
             Some(Op::Resume { .. } | Op::Delete { .. })
         )
     }

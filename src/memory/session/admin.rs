@@ -197,10 +197,15 @@ impl Session {
             contents: st.replace_messages(Vec::new()),
         };
         let ticket = if policy.storage.persistent() {
-            let mut ops = vec![Op::Delete {
-                id: self.id.clone(),
-                users: ended.users.clone(),
-            }];
+            // Expected: a session another replica went on with is not
+            // ended on this one's stale copy (its sweeper's, say).
+            let mut ops = vec![
+                self.expect(&st),
+                Op::Delete {
+                    id: self.id.clone(),
+                    users: ended.users.clone(),
+                },
+            ];
             ops.extend(also(&ended));
             policy.storage.submit(ops)
         } else {

@@ -126,12 +126,11 @@ impl Session {
 
     /// A session read back from storage.
     fn from_loaded(id: &str, loaded: Loaded) -> Self {
-        let Loaded { meta, messages } = loaded;
         Self {
             id: id.to_owned(),
-            created_ms: meta.created_ms,
-            last_active_ms: AtomicI64::new(meta.last_active_ms),
-            state: Mutex::new(State::with_messages(meta, messages)),
+            created_ms: loaded.meta.created_ms,
+            last_active_ms: AtomicI64::new(loaded.meta.last_active_ms),
+            state: Mutex::new(State::loaded(loaded)),
         }
     }
 
@@ -180,11 +179,13 @@ impl Session {
         if st.saved.batches != batches {
             return false;
         }
-        let Loaded { meta, messages } = loaded;
         self.last_active_ms
-            .fetch_max(meta.last_active_ms, Ordering::Relaxed);
-        *st = State::with_messages(meta, messages);
+            .fetch_max(loaded.meta.last_active_ms, Ordering::Relaxed);
+        *st = State::loaded(loaded);
         st.saved.batches = batches;
         true
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -72,6 +72,12 @@ impl Session {
         if head.is_empty() && ops.is_empty() {
             return Ticket::ready();
         }
+        let bumps = head.iter().chain(&ops).any(Op::bumps);
+        if bumps {
+            // After the Resume, which lifts a fence whatever follows.
+            let at = usize::from(matches!(head.first(), Some(Op::Resume { .. })));
+            head.insert(at, self.expect(st));
+        }
         ops.splice(0..0, head);
         st.saved = Saved {
             whole: true,
@@ -84,8 +90,18 @@ impl Session {
             },
             origin: Origin::Written,
             batches: st.saved.batches + 1,
+            version: st.saved.version + u64::from(bumps),
         };
         storage.submit(ops)
+    }
+
+    /// What the next batch expects of shared storage: the version it
+    /// holds if nobody but this session wrote since it was read.
+    pub(super) fn expect(&self, st: &State) -> Op {
+        Op::Expect {
+            id: self.id.clone(),
+            version: st.saved.version,
+        }
     }
 
     /// Batches sent to storage so far (see `recover`).
@@ -104,13 +120,13 @@ impl Session {
         if st.active.is_some() || st.ended || st.saved.batches != batches {
             return false;
         }
-        let Some(Loaded { meta, messages }) = loaded else {
+        let Some(loaded) = loaded else {
             st.ended = true;
             return true;
         };
         self.last_active_ms
-            .fetch_max(meta.last_active_ms, Ordering::Relaxed);
-        *st = State::with_messages(meta, messages);
+            .fetch_max(loaded.meta.last_active_ms, Ordering::Relaxed);
+        *st = State::loaded(loaded);
         st.saved.batches = batches;
         tracing::info!(session = %self.id, "session reloaded from storage after a failed write");
         // Lifts the fence now, not at the next turn's write.

@@ -7,7 +7,7 @@ use super::{next_incarnation, shared};
 use crate::memory::inflight::InFlight;
 use crate::memory::interruption;
 use crate::memory::message::Message;
-use crate::store::{Claim, Meta};
+use crate::store::{Claim, Loaded, Meta};
 
 pub(super) struct State {
     pub(super) turn_id: u64,
@@ -64,6 +64,9 @@ pub(super) struct Saved {
     /// Batches this session has sent to storage: a reload checks that
     /// none was sent while it read.
     pub(super) batches: u64,
+    /// The version shared storage holds of the session once those batches
+    /// are applied, which the next one expects (`Op::Expect`).
+    pub(super) version: u64,
 }
 
 /// Where a session's state came from, until its first write.
@@ -112,7 +115,12 @@ impl State {
     }
 
     /// A session as storage holds it.
-    pub(super) fn with_messages(meta: Meta, messages: Vec<Message>) -> Self {
+    pub(super) fn loaded(loaded: Loaded) -> Self {
+        let Loaded {
+            meta,
+            messages,
+            version,
+        } = loaded;
         let last_active_ms = meta.last_active_ms;
         let mut st = Self::new(meta);
         st.replace_messages(shared(messages));
@@ -123,6 +131,7 @@ impl State {
             last_active_ms,
             origin: Origin::Loaded,
             batches: 0,
+            version,
         };
         st
     }

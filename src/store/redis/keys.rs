@@ -69,12 +69,6 @@ impl Keys {
         format!("{}:{{b{n}}}:undelivered", self.prefix)
     }
 
-    /// A key that is never written (a command on it makes a transaction
-    /// fail on purpose), in the session's slot.
-    pub fn poison(&self, id: &str, what: &str) -> String {
-        format!("{}:{{{id}}}:{what}", self.prefix)
-    }
-
     /// The channel of interrupt requests. Plain PUBLISH reaches the
     /// subscribers of every node of a cluster.
     pub fn interrupt_channel(&self) -> String {
@@ -117,7 +111,6 @@ mod tests {
             let t = tag(&meta);
             assert_eq!(t, tag(&k.messages(id)), "{id}");
             assert_eq!(t, tag(&k.lease(id)), "{id}");
-            assert_eq!(t, tag(&k.poison(id, "x")), "{id}");
         }
         assert_eq!(k.meta("abc"), "recall:{abc}:s");
     }

@@ -3,9 +3,11 @@
 //!
 //! Keys, under the configured prefix `P` (`keys.rs`); `{...}` is a hash
 //! tag, so a session's keys are in one slot of a cluster:
-//! - `P:{id}:s`: hash, the session's meta and a `version` that every write
-//!   batch bumps;
+//! - `P:{id}:s`: hash, the session's meta, a `version` that every batch
+//!   changing its data moves, and `late`, a count of drains' late updates;
 //! - `P:{id}:m`: hash, message JSON by sequence number;
+//! - `P:{id}:o`: hash, a drain's late fields of a message by sequence
+//!   number, merged into it on load;
 //! - `P:{id}:lease`: which replica holds the session's turn, with expiry;
 //! - `P:{b<n>}:ids`: sorted set of the ids of bucket n (score 0, listed in
 //!   id order), one of 16 buckets a session's id hashes to;
@@ -22,11 +24,16 @@
 //! it while the turn runs, and gives it up after the turn's record is
 //! written (in the same ordered write queue), so one session's turns are
 //! serialised across replicas. A replica that dies stops renewing: its
-//! lease lapses after `lease_ms`. How the indexes are kept next to the
-//! sessions' transactions, and what a failure between them leaves, is in
-//! `writer.rs`.
+//! lease lapses after `lease_ms`. A lease that lapses while its holder is
+//! still at work (a stall, a partition) fences nothing by itself; the
+//! session's version does: every write says which version it expects
+//! (`Op::Expect`, checked in `apply.lua`), so the stale holder's record is
+//! refused rather than written over the new holder's turns. How the
+//! indexes are kept next to the sessions' writes, and what a failure
+//! between them leaves, is in `writer.rs`.
 
 mod conn;
+mod encode;
 mod keys;
 mod read;
 mod writer;
@@ -51,11 +58,15 @@ const CLAIM_POLL: Duration = Duration::from_millis(10);
 
 const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 const RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
-const SET_IF_STORED: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return 0";
-/// Keeps late fields beside a message that is still stored (KEYS: its
-/// messages, its late fields).
-const SET_LATE_IF_STORED: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end return 0";
-const BUMP: &str = "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HINCRBY', KEYS[1], 'version', 1) else return 0 end";
+
+/// What a replica last saw of a session in Redis: its `version` and its
+/// count of `late` updates. Either moved by another replica means the
+/// local copy is stale.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Stamp {
+    pub version: u64,
+    pub late: u64,
+}
 
 /// Called with a session id when another replica asks this one to stop
 /// the reply it has in flight for that session.
@@ -65,9 +76,9 @@ pub struct Redis {
     keys: Keys,
     conn: Conn,
     tx: mpsc::UnboundedSender<Batch>,
-    /// The version of each session this replica last read or wrote; a
-    /// different version in Redis means another replica changed it.
-    known: Arc<DashMap<String, u64>>,
+    /// Each session as this replica last read or wrote it; a different
+    /// stamp in Redis means another replica changed it.
+    known: Arc<DashMap<String, Stamp>>,
     lease_ms: u64,
     replica: String,
     next_token: AtomicU64,
@@ -257,12 +268,17 @@ impl Redis {
             return Ok(false);
         };
         let mut conn = self.conn.clone();
-        let version: Option<u64> = redis::cmd("HGET")
+        let (version, late): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
             .arg(self.keys.meta(id))
             .arg("version")
+            .arg("late")
             .query_async(&mut conn)
             .await?;
-        Ok(version == Some(known))
+        let now = Stamp {
+            version: version.unwrap_or(0),
+            late: late.unwrap_or(0),
+        };
+        Ok(version.is_some() && now == known)
     }
 
     /// Claims a kept event for sending: a lease on `P:{e:<id>}:claim`,

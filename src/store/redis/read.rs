@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use redis::Value;
 
 use super::keys::{bucket, BUCKETS};
-use super::Redis;
+use super::{Redis, Stamp};
 use crate::memory::message::Message;
 use crate::store::{Listed, Loaded, Meta, StorageError};
 
@@ -30,7 +30,10 @@ impl Redis {
             self.known.remove(id);
             return Ok(None);
         }
-        let version = field(&meta, "version").unwrap_or(0);
+        let stamp = Stamp {
+            version: field(&meta, "version").unwrap_or(0),
+            late: field(&meta, "late").unwrap_or(0),
+        };
         let meta = parse_meta(&meta)?;
         let mut ordered: Vec<(u64, String)> = messages.into_iter().collect();
         ordered.sort_by_key(|(seq, _)| *seq);
@@ -47,8 +50,12 @@ impl Redis {
                 Ok(m)
             })
             .collect::<Result<Vec<_>, StorageError>>()?;
-        self.known.insert(id.to_owned(), version);
-        Ok(Some(Loaded { meta, messages }))
+        self.known.insert(id.to_owned(), stamp);
+        Ok(Some(Loaded {
+            meta,
+            messages,
+            version: stamp.version,
+        }))
     }
 
     /// One command on each bucket; their answers in bucket order.

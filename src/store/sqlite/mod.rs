@@ -161,7 +161,11 @@ impl Sqlite {
                         .map_err(|e| StorageError::Corrupt(format!("message of {id}: {e}")))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(Some(Loaded { meta, messages }))
+            Ok(Some(Loaded {
+                meta,
+                messages,
+                version: 0,
+            }))
         })
         .await
     }

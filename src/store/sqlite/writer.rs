@@ -289,7 +289,8 @@ pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
             }
             // A process of its own needs no lease; a resumption is the
             // writer's business (`Fences`).
-            Op::Release { .. } | Op::Resume { .. } => {}
+            // One process owns the file: no other writer to expect.
+            Op::Release { .. } | Op::Resume { .. } | Op::Expect { .. } => {}
             Op::KeepEvent { id, body } => {
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO undelivered_events (id, body) VALUES (?1, ?2)",

@@ -1,0 +1,103 @@
+//! A session's reloads and the versions its writes expect, on a real
+//! SQLite store (memory storage writes nothing, so nothing would move).
+
+use std::sync::Arc;
+
+use super::state::State;
+use super::{Policy, Store};
+use crate::clock::Clock;
+use crate::config::{HistoryConfig, OnNewRequest, StorageBackend, StorageConfig};
+use crate::memory::message::{Message, Role};
+use crate::metrics::Metrics;
+use crate::store::{Loaded, Meta, Storage};
+use crate::webhook::LogOnly;
+
+async fn policy(name: &str) -> Policy {
+    let dir = std::env::temp_dir().join(format!("recall-session-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = StorageConfig {
+        backend: StorageBackend::Sqlite,
+        path: dir.join("s.db").to_string_lossy().into_owned(),
+        ..StorageConfig::default()
+    };
+    let metrics = Arc::new(Metrics::default());
+    Policy {
+        history: HistoryConfig::default(),
+        on_new_request: OnNewRequest::Interrupt,
+        storage: Storage::open(&config, &metrics).await.unwrap(),
+        metrics,
+        notifier: Arc::new(LogOnly),
+        clock: Clock::manual(1),
+    }
+}
+
+fn texts(s: &super::Session) -> Vec<String> {
+    s.snapshot()
+        .messages
+        .iter()
+        .map(|m| m.content.as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A reload races the session's own writes: storage read before a write
+/// of this session's landed is older than memory and must not replace it
+/// (`Store::find` reads again); a read after it is taken.
+#[tokio::test]
+async fn a_reload_older_than_a_write_of_its_own_is_refused() {
+    let policy = policy("reload").await;
+    let (s, _) = Store::default().get_or_create("r", 1);
+    let say = |text: &str| {
+        s.append_messages(&policy, vec![Message::new(Role::User, text)], 2)
+            .unwrap()
+            .1
+    };
+    say("one").durable().await.unwrap();
+
+    let before = s.batches();
+    let read = policy.storage.load("r").await.unwrap().unwrap();
+    say("two").durable().await.unwrap();
+    assert!(!s.reload(read, before), "an older read replaced memory");
+    assert_eq!(texts(&s), ["one", "two"]);
+
+    let before = s.batches();
+    let read = policy.storage.load("r").await.unwrap().unwrap();
+    assert_eq!(read.messages.len(), 2);
+    assert!(s.reload(read, before));
+    assert_eq!(texts(&s), ["one", "two"]);
+    // Reloaded memory writes on: the next message follows the stored two.
+    say("three").durable().await.unwrap();
+    let stored = policy.storage.load("r").await.unwrap().unwrap();
+    assert_eq!(stored.messages.len(), 3);
+}
+
+/// Each batch that changes data expects the version before it: the one
+/// the session was read at, then one more per such batch; a write that
+/// changes no data (a reload's `Resume`) moves nothing; a reload starts
+/// over from what it read.
+#[tokio::test]
+async fn a_sessions_writes_count_from_the_version_it_was_read_at() {
+    let policy = policy("versions").await;
+    let loaded = |version| Loaded {
+        meta: Meta::default(),
+        messages: vec![Message::new(Role::User, "hi")],
+        version,
+    };
+    let s = super::Session::from_loaded("v", loaded(7));
+    let version = || s.state().saved.version;
+    assert_eq!(version(), 7);
+    for expect in [8, 9] {
+        let (_, ticket) = s
+            .append_messages(&policy, vec![Message::new(Role::User, "more")], 2)
+            .unwrap();
+        ticket.durable().await.unwrap();
+        assert_eq!(version(), expect);
+    }
+    assert!(s.recover(Some(loaded(3)), s.batches(), &policy.storage));
+    assert_eq!(version(), 3, "a reload expects what it read");
+    assert_eq!(
+        State::new(Meta::default()).saved.version,
+        0,
+        "a new session expects none stored"
+    );
+}

@@ -1,0 +1,81 @@
+-- One session's writes of one round, all or nothing (see encode.rs).
+-- KEYS: the session's meta, messages and late fields.
+-- ARGV[1]: the version the meta must hold first ('' for no check; a
+--          missing session holds 0);
+-- ARGV[2]: a reason to refuse the whole ('' to go ahead);
+-- ARGV[3]: how many batches change the session's data (its version moves
+--          by that much), ARGV[4]: how many add late fields;
+-- then the ops, each a name and its arguments.
+-- Answers {version, late} as the meta then holds them.
+local meta, msgs, late = KEYS[1], KEYS[2], KEYS[3]
+local arity = {save = 6, touch = 4, push = 2, set = 2, late = 2, drop = 2, clear = 0, delete = 0}
+
+local function counters()
+  local v = redis.call('HMGET', meta, 'version', 'late')
+  return {tonumber(v[1] or '0'), tonumber(v[2] or '0')}
+end
+
+if ARGV[2] ~= '' then
+  return redis.error_reply(ARGV[2])
+end
+-- Checked whole before anything is written: a script stopped halfway
+-- would leave half its writes.
+local i = 5
+while i <= #ARGV do
+  local n = arity[ARGV[i]]
+  if n == nil or i + n > #ARGV then
+    return redis.error_reply('recall: malformed write at argument ' .. i)
+  end
+  i = i + 1 + n
+end
+if ARGV[1] ~= '' then
+  local now = counters()[1]
+  if now ~= tonumber(ARGV[1]) then
+    return redis.error_reply('STALE the session is at version ' .. now
+      .. ', this replica read ' .. ARGV[1] .. ': another replica changed it')
+  end
+end
+
+i = 5
+while i <= #ARGV do
+  local op, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if op == 'save' then
+    redis.call('HSET', meta, 'created_ms', a, 'last_active_ms', b, 'turn_id', ARGV[i + 3],
+      'first_seq', ARGV[i + 4], 'users', ARGV[i + 5], 'system_messages', ARGV[i + 6])
+  elseif op == 'touch' then
+    -- Every field a load needs, whatever became of the Save; the
+    -- creation time only if missing.
+    redis.call('HSETNX', meta, 'created_ms', a)
+    redis.call('HSET', meta, 'last_active_ms', b, 'turn_id', ARGV[i + 3], 'first_seq', ARGV[i + 4])
+  elseif op == 'push' then
+    redis.call('HSET', msgs, a, b)
+  elseif op == 'set' then
+    if redis.call('HEXISTS', msgs, a) == 1 then
+      redis.call('HSET', msgs, a, b)
+    end
+  elseif op == 'late' then
+    if redis.call('HEXISTS', msgs, a) == 1 then
+      redis.call('HSET', late, a, b)
+    end
+  elseif op == 'drop' then
+    for seq = tonumber(a), tonumber(b) - 1 do
+      redis.call('HDEL', msgs, seq)
+      redis.call('HDEL', late, seq)
+    end
+  elseif op == 'clear' then
+    redis.call('DEL', msgs, late)
+  elseif op == 'delete' then
+    redis.call('DEL', meta, msgs, late)
+  end
+  i = i + 1 + arity[op]
+end
+
+if redis.call('EXISTS', meta) == 1 then
+  if ARGV[3] ~= '0' then
+    redis.call('HINCRBY', meta, 'version', ARGV[3])
+  end
+  if ARGV[4] ~= '0' then
+    redis.call('HINCRBY', meta, 'late', ARGV[4])
+  end
+end
+return counters()

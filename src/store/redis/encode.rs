@@ -1,0 +1,225 @@
+//! A unit's batches as Redis commands: one call of `apply.lua` for the
+//! session's own keys, and the index commands that go beside it.
+//!
+//! A script rather than MULTI/EXEC because a transaction cannot abort on
+//! what it reads: the session's writes apply only if its version is the
+//! one the writing replica expects (`Op::Expect`), so that a replica whose
+//! lease lapsed while it worked cannot overwrite the turns of the replica
+//! that took the session over.
+
+use redis::Cmd;
+
+use super::keys::{bucket, Keys};
+use super::writer::{Unit, Writer};
+use crate::memory::message::Message;
+use crate::store::{Batch, Op, StorageError};
+
+/// The script every session write runs (see its header for arguments).
+pub(super) const APPLY: &str = include_str!("apply.lua");
+
+/// What a unit's batches come to.
+#[derive(Default)]
+struct Script {
+    expect: Option<u64>,
+    /// Why the whole is refused (nothing of it is written).
+    refuse: Option<String>,
+    bumps: u64,
+    lates: u64,
+    args: Vec<String>,
+}
+
+/// Encodes a unit's batches: its index additions and its script.
+pub(super) fn encode(
+    w: &Writer,
+    unit: &mut Unit,
+    batches: &[Batch],
+    results: &mut [Result<(), String>],
+) {
+    // A fenced session's batches are refused up to one that lifts the
+    // fence; the rest go in its script.
+    let mut fenced = unit
+        .session
+        .as_deref()
+        .is_some_and(|id| w.fences.contains(id));
+    let mut sent = Vec::new();
+    for &i in &unit.batches {
+        let b = &batches[i];
+        if fenced && !b.lifts_fence() {
+            results[i] = w
+                .fences
+                .admits(b)
+                .and(Err("an earlier write failed".into()));
+            continue;
+        }
+        fenced = false;
+        sent.push(i);
+    }
+    unit.batches = sent;
+    if unit.batches.is_empty() {
+        return;
+    }
+    let mut script = Script::default();
+    for i in unit.batches.clone() {
+        let b = &batches[i];
+        let mut pre = Vec::new();
+        for op in &b.ops {
+            if let Err(e) = queue(&mut script, &mut pre, unit, &w.keys, op) {
+                // Not half a batch: the whole unit is refused.
+                tracing::error!(error = %e, "a change could not be encoded");
+                script.refuse.get_or_insert_with(|| format!("{e}"));
+            }
+        }
+        script.bumps += u64::from(b.ops.iter().any(Op::bumps));
+        script.lates += u64::from(b.ops.iter().any(|op| matches!(op, Op::SetLate { .. })));
+        if w.faults.batch_fails(b) {
+            // Refused as Redis refuses a script it cannot run (out of
+            // memory): nothing of the unit is written, its additions
+            // neither.
+            script.refuse = Some("injected fault".into());
+            if unit.session.is_none() {
+                unit.failed = Some("injected fault".into());
+            }
+            continue;
+        }
+        unit.pre.extend(pre);
+    }
+    let Some(id) = unit.session.as_deref() else {
+        // A webhook event's batch: single-key commands only.
+        return;
+    };
+    let mut call = redis::cmd("EVAL");
+    call.arg(APPLY)
+        .arg(3)
+        .arg(w.keys.meta(id))
+        .arg(w.keys.messages(id))
+        .arg(w.keys.late(id))
+        .arg(script.expect.map(|v| v.to_string()).unwrap_or_default())
+        .arg(script.refuse.unwrap_or_default())
+        .arg(script.bumps)
+        .arg(script.lates)
+        .arg(script.args);
+    unit.expect = script.expect;
+    unit.bumps = script.bumps;
+    unit.lates = script.lates;
+    let mut tx = redis::pipe();
+    tx.add_command(call);
+    unit.tx = Some(tx);
+}
+
+/// Queues one op: the session's own writes in the script, index
+/// additions in `pre`, removals noted on the unit.
+fn queue(
+    s: &mut Script,
+    pre: &mut Vec<Cmd>,
+    unit: &mut Unit,
+    keys: &Keys,
+    op: &Op,
+) -> Result<(), StorageError> {
+    let indexed = |pre: &mut Vec<Cmd>, id: &str, last_active_ms: i64| {
+        let b = bucket(id);
+        pre.push(redis::cmd("ZADD").arg(keys.ids(b)).arg(0).arg(id).clone());
+        pre.push(
+            redis::cmd("ZADD")
+                .arg(keys.active(b))
+                .arg(last_active_ms)
+                .arg(id)
+                .clone(),
+        );
+    };
+    let mut put = |name: &str, args: &[String]| {
+        s.args.push(name.to_owned());
+        s.args.extend_from_slice(args);
+    };
+    match op {
+        Op::Expect { version, .. } => {
+            // The unit's first: later ones count this session's own
+            // batches in between.
+            s.expect.get_or_insert(*version);
+        }
+        Op::Save { id, meta } => {
+            let users = serde_json::to_string(&meta.users).unwrap_or_else(|_| "[]".into());
+            let system =
+                serde_json::to_string(&meta.system_messages).unwrap_or_else(|_| "[]".into());
+            put(
+                "save",
+                &[
+                    meta.created_ms.to_string(),
+                    meta.last_active_ms.to_string(),
+                    meta.turn_id.to_string(),
+                    meta.first_seq.to_string(),
+                    users,
+                    system,
+                ],
+            );
+            indexed(pre, id, meta.last_active_ms);
+            for user in &meta.users {
+                pre.push(redis::cmd("SADD").arg(keys.user(user)).arg(id).clone());
+            }
+            unit.deleted = false;
+            unit.deleted_users.retain(|u| !meta.users.contains(u));
+        }
+        Op::Touch {
+            id,
+            created_ms,
+            last_active_ms,
+            turn_id,
+            first_seq,
+        } => {
+            put(
+                "touch",
+                &[
+                    created_ms.to_string(),
+                    last_active_ms.to_string(),
+                    turn_id.to_string(),
+                    first_seq.to_string(),
+                ],
+            );
+            indexed(pre, id, *last_active_ms);
+            unit.deleted = false;
+        }
+        Op::Push { seq, message, .. } => put("push", &[seq.to_string(), to_json(message)?]),
+        Op::Set { seq, message, .. } => put("set", &[seq.to_string(), to_json(message)?]),
+        Op::SetLate { seq, message, .. } => {
+            let late = crate::memory::interruption::late_fields(message);
+            put(
+                "late",
+                &[seq.to_string(), serde_json::Value::Object(late).to_string()],
+            );
+        }
+        Op::DropBefore { from, seq, .. } => {
+            if seq > from {
+                put("drop", &[from.to_string(), seq.to_string()]);
+            }
+        }
+        Op::Clear { .. } => put("clear", &[]),
+        Op::Delete { users, .. } => {
+            put("delete", &[]);
+            unit.deleted = true;
+            unit.deleted_users.extend(users.iter().cloned());
+        }
+        // Handled by the round: after the script, or by the fences.
+        Op::Release { .. } | Op::Resume { .. } => {}
+        Op::KeepEvent { id, body } => {
+            pre.push(
+                redis::cmd("HSET")
+                    .arg(keys.undelivered(bucket(id)))
+                    .arg(id)
+                    .arg(body)
+                    .clone(),
+            );
+        }
+        Op::ForgetEvent { id } => {
+            pre.push(
+                redis::cmd("HDEL")
+                    .arg(keys.undelivered(bucket(id)))
+                    .arg(id)
+                    .clone(),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn to_json(message: &Message) -> Result<String, StorageError> {
+    serde_json::to_string(message).map_err(|e| StorageError::Corrupt(e.to_string()))
+}
