@@ -63,8 +63,11 @@ pub fn check<H: Borrow<Message>>(messages: &[H], roles: Roles, whole: bool) -> R
         }
         if roles == Roles::Alternate && i > 0 {
             let p = at(i - 1);
+            // A call (of either kind) may follow a reply: it is not text.
             let plain = |m: &Message| {
-                matches!(m.role.as_str(), "user" | "assistant") && !m.has_tool_calls()
+                matches!(m.role.as_str(), "user" | "assistant")
+                    && !m.has_tool_calls()
+                    && !legacy_call(m)
             };
             if p.role == m.role && plain(p) && plain(m) && p.name().is_none() && m.name().is_none()
             {

@@ -212,12 +212,14 @@ impl Unit {
     }
 
     /// One user or assistant message with text alone: what `alternate`
-    /// may merge.
+    /// may merge. A call of either kind is not: merged, it would lose its
+    /// call or carry it away from its place.
     fn plain(&self) -> bool {
         let m = &self.first;
         self.rest.is_empty()
             && matches!(m.role.as_str(), "user" | "assistant")
             && !m.has_tool_calls()
+            && !legacy_call(m)
             && m.name().is_none()
     }
 

@@ -280,3 +280,29 @@ fn check_names_what_an_upstream_refuses() {
     assert!(check(&[u("y"), u("z")], Roles::Alternate, true).is_err());
     assert!(check(&[u("y"), u("z")], Roles::Any, true).is_ok());
 }
+
+/// A legacy `function_call` is a call, not text: with alternating roles it
+/// may follow a reply, as a `tool_calls` message may, and is never merged
+/// into one (found by the request_reconcile fuzz target).
+#[test]
+fn a_legacy_call_after_a_reply_is_neither_merged_nor_refused() {
+    let mut caller = Message::new(Role::Assistant, Value::Null);
+    caller.set_extra("function_call", json!({"name": "f", "arguments": "{}"}));
+    let mut answer = Message::new(Role::Function, "42");
+    answer.set_extra("name", json!("f"));
+    let alternate = VendorRules {
+        roles: Roles::Alternate,
+        ..rules()
+    };
+    // Answered, and left unanswered (then sent alone, after the reply).
+    for h in [
+        vec![u("q"), a("thinking"), caller.clone(), answer],
+        vec![u("q"), a("thinking"), caller.clone()],
+    ] {
+        let sent = outbound(&h, &alternate, Limits::default());
+        check(&sent.messages, alternate.roles, true).unwrap();
+        assert_eq!(sent.messages.len(), h.len());
+        assert_eq!(sent.messages[1].content, "thinking");
+        assert!(legacy_call(&sent.messages[2]));
+    }
+}
