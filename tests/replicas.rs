@@ -656,3 +656,62 @@ async fn a_replica_whose_lease_lapsed_does_not_write_over_the_next_holder() {
     );
     assert_eq!((refused, overwritten, kept), (attempted, 0, attempted));
 }
+
+/// A write expects the session it was made on: not another session
+/// started under the same id after that one ended, even when the new one
+/// has reached the same version (versions count from 0 again).
+#[tokio::test]
+async fn a_write_for_an_ended_session_does_not_land_in_its_successor() {
+    use recall::memory::message::{Message, Role};
+    use recall::store::{Meta, Op, Storage};
+    use std::sync::Arc;
+
+    let Some(config) = shared("") else {
+        return;
+    };
+    let config = format!("{config}\n[[upstreams]]\nname = \"m\"\nbase_url = \"mock://echo\"\n");
+    let config = recall::Config::parse(&config, std::path::Path::new("test.toml")).unwrap();
+    let storage = Storage::open(&config.storage, &recall::metrics::Metrics::default())
+        .await
+        .unwrap();
+    let id = "reborn";
+    let expect = |version, created_ms| Op::Expect {
+        id: id.into(),
+        version,
+        created_ms,
+    };
+    let save = |created_ms| Op::Save {
+        id: id.into(),
+        meta: Meta {
+            created_ms,
+            last_active_ms: created_ms,
+            ..Meta::default()
+        },
+    };
+    let push = |seq, text: &str| Op::Push {
+        id: id.into(),
+        seq,
+        message: Arc::new(Message::new(Role::User, text)),
+    };
+    let write = |ops: Vec<Op>| storage.submit(ops).durable();
+    // The first session, created at 1: two writes, version 2.
+    write(vec![expect(0, 1), save(1)]).await.unwrap();
+    write(vec![expect(1, 1), push(0, "first")]).await.unwrap();
+    // Ended, then started anew at 5 by another replica: version 2 again.
+    let end = Op::Delete {
+        id: id.into(),
+        users: Vec::new(),
+    };
+    write(vec![expect(2, 1), end]).await.unwrap();
+    write(vec![expect(0, 5), save(5)]).await.unwrap();
+    write(vec![expect(1, 5), push(0, "second")]).await.unwrap();
+
+    // A replica that still holds the first session writes its next turn.
+    let stale = write(vec![expect(2, 1), push(1, "stale")]).await;
+    let err = stale.expect_err("a write for the ended session was stored");
+    assert!(err.to_string().contains("started anew"), "{err}");
+    let stored = storage.load(id).await.unwrap().unwrap();
+    let texts: Vec<_> = stored.messages.iter().map(|m| m.content.clone()).collect();
+    assert_eq!(texts, [serde_json::json!("second")]);
+    assert_eq!((stored.meta.created_ms, stored.version), (5, 2));
+}

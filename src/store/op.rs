@@ -94,8 +94,15 @@ pub enum Op {
     /// version it was read at, plus one for each batch of this replica's
     /// since. Found otherwise, another replica changed the session (this
     /// one's lease lapsed while it worked): the batch is refused, and with
-    /// it the session's later batches (see `Fences`).
-    Expect { id: String, version: u64 },
+    /// it the session's later batches (see `Fences`). A stored session
+    /// must also have been created at `created_ms`: a session ended and
+    /// started anew under the same id counts its versions from 0 again,
+    /// and is not the one this replica read.
+    Expect {
+        id: String,
+        version: u64,
+        created_ms: i64,
+    },
     /// The session's memory was just rebuilt from what storage holds (or
     /// started anew): its writes apply again after a failed one (see
     /// `Fences`). Writes nothing.

@@ -9,9 +9,16 @@ use super::{Policy, Session};
 use crate::store::{Loaded, Meta, Op, Storage, Ticket};
 
 impl Session {
+    /// When the stored session was created: the one read, if this state
+    /// was read (a reload may bring in a session another replica started
+    /// under this id), else this one's.
+    fn born(&self, st: &State) -> i64 {
+        st.saved.created_ms.unwrap_or(self.created_ms)
+    }
+
     pub(super) fn meta(&self, st: &State) -> Meta {
         Meta {
-            created_ms: self.created_ms,
+            created_ms: self.born(st),
             last_active_ms: self.last_active_ms(),
             turn_id: st.turn_id,
             first_seq: st.first_seq,
@@ -63,7 +70,7 @@ impl Session {
         } else if moved {
             head.push(Op::Touch {
                 id: self.id.clone(),
-                created_ms: self.created_ms,
+                created_ms: self.born(st),
                 last_active_ms,
                 turn_id: st.turn_id,
                 first_seq: st.first_seq,
@@ -91,6 +98,7 @@ impl Session {
             origin: Origin::Written,
             batches: st.saved.batches + 1,
             version: st.saved.version + u64::from(bumps),
+            created_ms: st.saved.created_ms,
         };
         storage.submit(ops)
     }
@@ -101,6 +109,7 @@ impl Session {
         Op::Expect {
             id: self.id.clone(),
             version: st.saved.version,
+            created_ms: self.born(st),
         }
     }
 

@@ -67,6 +67,8 @@ pub(super) struct Saved {
     /// The version shared storage holds of the session once those batches
     /// are applied, which the next one expects (`Op::Expect`).
     pub(super) version: u64,
+    /// When the stored session this state was read from was created.
+    pub(super) created_ms: Option<i64>,
 }
 
 /// Where a session's state came from, until its first write.
@@ -121,7 +123,7 @@ impl State {
             messages,
             version,
         } = loaded;
-        let last_active_ms = meta.last_active_ms;
+        let (last_active_ms, created_ms) = (meta.last_active_ms, meta.created_ms);
         let mut st = Self::new(meta);
         st.replace_messages(shared(messages));
         st.saved = Saved {
@@ -132,6 +134,7 @@ impl State {
             origin: Origin::Loaded,
             batches: 0,
             version,
+            created_ms: Some(created_ms),
         };
         st
     }

@@ -9,7 +9,7 @@ use crate::clock::Clock;
 use crate::config::{HistoryConfig, OnNewRequest, StorageBackend, StorageConfig};
 use crate::memory::message::{Message, Role};
 use crate::metrics::Metrics;
-use crate::store::{Loaded, Meta, Storage};
+use crate::store::{Loaded, Meta, Op, Storage};
 use crate::webhook::LogOnly;
 
 async fn policy(name: &str) -> Policy {
@@ -100,4 +100,31 @@ async fn a_sessions_writes_count_from_the_version_it_was_read_at() {
         0,
         "a new session expects none stored"
     );
+}
+
+/// A session this replica started, replaced by what storage holds (a
+/// session another replica started under the same id meanwhile), writes
+/// as that session: its creation time, not its own, or every write would
+/// be refused as meant for another session.
+#[tokio::test]
+async fn a_reload_takes_the_stored_sessions_creation_time() {
+    let policy = policy("born").await;
+    let (s, _) = Store::default().get_or_create("b", 100);
+    let mut read = Loaded {
+        meta: Meta::default(),
+        messages: Vec::new(),
+        version: 4,
+    };
+    read.meta.created_ms = 5;
+    assert!(s.recover(Some(read), s.batches(), &policy.storage));
+    let st = s.state();
+    match s.expect(&st) {
+        Op::Expect {
+            version,
+            created_ms,
+            ..
+        } => assert_eq!((version, created_ms), (4, 5)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.meta(&st).created_ms, 5, "a Save would rewrite its birth");
 }

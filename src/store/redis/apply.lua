@@ -1,10 +1,12 @@
 -- One session's writes of one round, all or nothing (see encode.rs).
 -- KEYS: the session's meta, messages and late fields.
 -- ARGV[1]: the version the meta must hold first ('' for no check; a
---          missing session holds 0);
--- ARGV[2]: a reason to refuse the whole ('' to go ahead);
--- ARGV[3]: how many batches change the session's data (its version moves
---          by that much), ARGV[4]: how many add late fields;
+--          missing session holds 0), ARGV[2]: the `created_ms` a stored
+--          session must have (one ended and started anew under the same
+--          id counts from 0 again, and is another session);
+-- ARGV[3]: a reason to refuse the whole ('' to go ahead);
+-- ARGV[4]: how many batches change the session's data (its version moves
+--          by that much), ARGV[5]: how many add late fields;
 -- then the ops, each a name and its arguments.
 -- Answers {version, late} as the meta then holds them.
 local meta, msgs, late = KEYS[1], KEYS[2], KEYS[3]
@@ -15,12 +17,12 @@ local function counters()
   return {tonumber(v[1] or '0'), tonumber(v[2] or '0')}
 end
 
-if ARGV[2] ~= '' then
-  return redis.error_reply(ARGV[2])
+if ARGV[3] ~= '' then
+  return redis.error_reply(ARGV[3])
 end
 -- Checked whole before anything is written: a script stopped halfway
 -- would leave half its writes.
-local i = 5
+local i = 6
 while i <= #ARGV do
   local n = arity[ARGV[i]]
   if n == nil or i + n > #ARGV then
@@ -29,14 +31,19 @@ while i <= #ARGV do
   i = i + 1 + n
 end
 if ARGV[1] ~= '' then
-  local now = counters()[1]
+  local stored = redis.call('HMGET', meta, 'version', 'created_ms')
+  local now = tonumber(stored[1] or '0')
   if now ~= tonumber(ARGV[1]) then
     return redis.error_reply('STALE the session is at version ' .. now
       .. ', this replica read ' .. ARGV[1] .. ': another replica changed it')
   end
+  if now ~= 0 and stored[2] ~= ARGV[2] then
+    return redis.error_reply('STALE the session was ended and started anew'
+      .. ' since this replica read it: another replica changed it')
+  end
 end
 
-i = 5
+i = 6
 while i <= #ARGV do
   local op, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if op == 'save' then
@@ -71,11 +78,11 @@ while i <= #ARGV do
 end
 
 if redis.call('EXISTS', meta) == 1 then
-  if ARGV[3] ~= '0' then
-    redis.call('HINCRBY', meta, 'version', ARGV[3])
-  end
   if ARGV[4] ~= '0' then
-    redis.call('HINCRBY', meta, 'late', ARGV[4])
+    redis.call('HINCRBY', meta, 'version', ARGV[4])
+  end
+  if ARGV[5] ~= '0' then
+    redis.call('HINCRBY', meta, 'late', ARGV[5])
   end
 end
 return counters()

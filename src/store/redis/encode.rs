@@ -20,7 +20,8 @@ pub(super) const APPLY: &str = include_str!("apply.lua");
 /// What a unit's batches come to.
 #[derive(Default)]
 struct Script {
-    expect: Option<u64>,
+    /// The version and creation time the session must have.
+    expect: Option<(u64, i64)>,
     /// Why the whole is refused (nothing of it is written).
     refuse: Option<String>,
     bumps: u64,
@@ -93,12 +94,23 @@ pub(super) fn encode(
         .arg(w.keys.meta(id))
         .arg(w.keys.messages(id))
         .arg(w.keys.late(id))
-        .arg(script.expect.map(|v| v.to_string()).unwrap_or_default())
+        .arg(
+            script
+                .expect
+                .map(|(v, _)| v.to_string())
+                .unwrap_or_default(),
+        )
+        .arg(
+            script
+                .expect
+                .map(|(_, c)| c.to_string())
+                .unwrap_or_default(),
+        )
         .arg(script.refuse.unwrap_or_default())
         .arg(script.bumps)
         .arg(script.lates)
         .arg(script.args);
-    unit.expect = script.expect;
+    unit.expect = script.expect.map(|(version, _)| version);
     unit.bumps = script.bumps;
     unit.lates = script.lates;
     let mut tx = redis::pipe();
@@ -131,10 +143,14 @@ fn queue(
         s.args.extend_from_slice(args);
     };
     match op {
-        Op::Expect { version, .. } => {
+        Op::Expect {
+            version,
+            created_ms,
+            ..
+        } => {
             // The unit's first: later ones count this session's own
             // batches in between.
-            s.expect.get_or_insert(*version);
+            s.expect.get_or_insert((*version, *created_ms));
         }
         Op::Save { id, meta } => {
             let users = serde_json::to_string(&meta.users).unwrap_or_else(|_| "[]".into());
