@@ -5,6 +5,7 @@ pub mod auth;
 mod chat;
 mod models;
 pub mod observe;
+pub mod responses;
 mod sessions;
 
 use std::sync::Arc;

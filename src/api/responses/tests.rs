@@ -1,0 +1,377 @@
+use serde_json::{json, Map, Value};
+
+use super::request::{translate, Translated};
+use super::response::{from_completion, item_id, Echo};
+use crate::error::RequestError;
+use crate::memory::message::parse_messages;
+
+fn body(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => panic!("not an object"),
+    }
+}
+
+fn ok(v: Value) -> Translated {
+    let t = translate(body(v)).unwrap();
+    // Whatever comes out passes chat's own checks.
+    parse_messages(t.chat["messages"].as_array().unwrap().clone()).unwrap();
+    t
+}
+
+fn refused(v: Value) -> (String, Option<String>) {
+    match translate(body(v)) {
+        Err(RequestError::Invalid { message, param, .. }) => (message, param),
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn a_string_input_with_instructions_is_a_system_and_a_user_message() {
+    let t = ok(json!({"model": "m", "instructions": "Be brief.", "input": "hi"}));
+    assert_eq!(
+        t.chat["messages"],
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}])
+    );
+    assert_eq!(t.chat["model"], "m");
+    assert!(t.store && !t.stream);
+    assert_eq!((t.previous_response_id, t.conversation), (None, None));
+}
+
+#[test]
+fn items_become_chat_messages_in_order() {
+    let t = ok(json!({"model": "m", "input": [
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": "weather in Paris and Rome?"},
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "and look:"},
+            {"type": "input_image", "image_url": "https://x/y.png", "detail": "low"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "Checking.", "annotations": []}]},
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{\"city\":\"Paris\"}"},
+        {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": "{\"city\":\"Rome\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]},
+        {"type": "function_call", "call_id": "c3", "name": "weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c3", "output": "fog"}
+    ]}));
+    let call = |id: &str, args: &str| json!({"id": id, "type": "function", "function": {"name": "weather", "arguments": args}});
+    assert_eq!(
+        t.chat["messages"],
+        json!([
+            {"role": "developer", "content": "rules"},
+            {"role": "user", "content": "weather in Paris and Rome?"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "and look:"},
+                {"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "low"}}]},
+            // The reply's text and the calls after it are one message.
+            {"role": "assistant", "content": "Checking.", "tool_calls": [
+                call("c1", "{\"city\":\"Paris\"}"), call("c2", "{\"city\":\"Rome\"}")]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+            {"role": "assistant", "content": null, "tool_calls": [call("c3", "{}")]},
+            {"role": "tool", "tool_call_id": "c3", "content": "fog"}
+        ])
+    );
+}
+
+#[test]
+fn options_are_mapped_and_the_rest_passes_through() {
+    let t = ok(json!({
+        "model": "m", "input": "hi", "stream": true, "store": false,
+        "tools": [{"type": "function", "name": "weather", "description": "d",
+                   "parameters": {"type": "object"}, "strict": true}],
+        "tool_choice": {"type": "function", "name": "weather"},
+        "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": true}},
+        "max_output_tokens": 50, "reasoning": {"effort": "low"},
+        "temperature": 0.2, "top_p": 0.9, "user": "u1", "parallel_tool_calls": false,
+        "include": ["reasoning.encrypted_content"], "truncation": "auto",
+        "metadata": {"k": "v"}, "seed": 7,
+        "conversation": {"id": "conv_1"}
+    }));
+    let mut chat = t.chat.clone();
+    chat.remove("messages");
+    assert_eq!(
+        Value::Object(chat),
+        json!({
+            "model": "m", "stream": true, "stream_options": {"include_usage": true},
+            "tools": [{"type": "function", "function": {"name": "weather", "description": "d",
+                       "parameters": {"type": "object"}, "strict": true}}],
+            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+            "response_format": {"type": "json_schema", "json_schema":
+                {"name": "out", "schema": {"type": "object"}, "strict": true}},
+            "max_tokens": 50, "reasoning_effort": "low",
+            "temperature": 0.2, "top_p": 0.9, "user": "u1", "parallel_tool_calls": false,
+            "seed": 7
+        })
+    );
+    assert!(!t.store && t.stream);
+    assert_eq!(t.conversation.as_deref(), Some("conv_1"));
+    assert_eq!(t.metadata, Some(json!({"k": "v"})));
+}
+
+#[test]
+fn what_a_chat_upstream_cannot_do_is_refused_by_name() {
+    let cases = [
+        (
+            json!({"model": "m", "input": "hi", "tools": [{"type": "web_search"}]}),
+            "tools[0]",
+            "web_search",
+        ),
+        (
+            json!({"model": "m", "input": "hi", "background": true}),
+            "background",
+            "background",
+        ),
+        (
+            json!({"model": "m", "input": "hi", "previous_response_id": "resp_1", "conversation": "c"}),
+            "previous_response_id",
+            "together",
+        ),
+        (
+            json!({"model": "m", "input": [{"type": "computer_call", "id": "x"}]}),
+            "input[0]",
+            "computer_call",
+        ),
+        (
+            json!({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}),
+            "input[0]",
+            "item references",
+        ),
+        (
+            json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}),
+            "input[0]",
+            "image_url",
+        ),
+        (
+            json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_file"}]}]}),
+            "input[0]",
+            "input_file",
+        ),
+        (
+            json!({"model": "m", "input": [{"role": "tool", "content": "x"}]}),
+            "input[0]",
+            "role",
+        ),
+        (
+            json!({"model": "m", "input": [{"type": "function_call", "call_id": "c"}]}),
+            "input[0]",
+            "name",
+        ),
+        (json!({"model": "m", "input": 5}), "input", "string"),
+        (
+            json!({"model": "m", "input": "hi", "tool_choice": {"type": "file_search"}}),
+            "tool_choice",
+            "function",
+        ),
+        (
+            json!({"model": "m", "input": "hi", "store": "yes"}),
+            "store",
+            "boolean",
+        ),
+    ];
+    for (request, param, says) in cases {
+        let (message, p) = refused(request.clone());
+        assert_eq!(p.as_deref(), Some(param), "{request}: {message}");
+        assert!(message.contains(says), "{request}: {message}");
+    }
+}
+
+#[test]
+fn a_completion_becomes_a_response_with_stable_item_ids() {
+    let completion = json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "mock-model",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": "Let me check.",
+            "tool_calls": [{"id": "call_a", "type": "function",
+                            "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]}}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17,
+                  "prompt_tokens_details": {"cached_tokens": 4}}
+    });
+    let echo = Echo {
+        id: "resp_abc".into(),
+        created_at: 1700000000,
+        previous_response_id: Some("resp_prev".into()),
+        instructions: Some("Be brief.".into()),
+        store: true,
+        ..Echo::default()
+    };
+    let r = from_completion(&completion, &echo);
+    assert_eq!(r["object"], "response");
+    assert_eq!(r["status"], "completed");
+    assert_eq!(r["model"], "mock-model");
+    assert_eq!(r["previous_response_id"], "resp_prev");
+    assert_eq!(
+        r["output"],
+        json!([
+            {"type": "message", "id": "msg_abc_0", "status": "completed", "role": "assistant",
+             "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}]},
+            {"type": "function_call", "id": "fc_abc_0", "status": "completed", "call_id": "call_a",
+             "name": "weather", "arguments": "{\"city\":\"Paris\"}"}
+        ])
+    );
+    assert_eq!(
+        r["usage"],
+        json!({"input_tokens": 12, "input_tokens_details": {"cached_tokens": 4},
+               "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+               "total_tokens": 17})
+    );
+    assert_eq!(r, from_completion(&completion, &echo), "ids are not stable");
+    assert_eq!(item_id("resp_abc", "msg", 3), "msg_abc_3");
+}
+
+#[test]
+fn a_cut_completion_is_an_incomplete_response() {
+    let completion = json!({"model": "m", "choices": [{"finish_reason": "length",
+        "message": {"role": "assistant", "content": "It was a dark and"}}]});
+    let r = from_completion(
+        &completion,
+        &Echo {
+            id: "resp_x".into(),
+            ..Echo::default()
+        },
+    );
+    assert_eq!(r["status"], "incomplete");
+    assert_eq!(
+        r["incomplete_details"],
+        json!({"reason": "max_output_tokens"})
+    );
+    assert_eq!(r["usage"], Value::Null);
+    assert_eq!(r["output"][0]["content"][0]["text"], "It was a dark and");
+}
+
+mod stream {
+    use super::super::events::{sse, Events};
+    use super::super::response::Echo;
+    use serde_json::{json, Value};
+
+    fn chunk(delta: Value, finish: Option<&str>) -> Value {
+        json!({"object": "chat.completion.chunk", "model": "mock-model",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    }
+
+    fn echo() -> Echo {
+        Echo {
+            id: "resp_s".into(),
+            created_at: 1,
+            store: true,
+            ..Echo::default()
+        }
+    }
+
+    fn kinds(events: &[Value]) -> Vec<&str> {
+        events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+    }
+
+    #[test]
+    fn text_then_calls_stream_in_the_order_the_sdks_expect() {
+        let mut s = Events::new(echo(), "m");
+        let mut all = s.start();
+        let chunks = [
+            chunk(json!({"role": "assistant", "content": ""}), None),
+            chunk(json!({"content": "Let me "}), None),
+            chunk(json!({"content": "check."}), None),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                       "function": {"name": "weather", "arguments": ""}}]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}),
+                None,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}),
+                None,
+            ),
+            chunk(json!({}), Some("tool_calls")),
+            json!({"object": "chat.completion.chunk", "choices": [],
+                   "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
+        ];
+        for c in &chunks {
+            all.extend(s.chunk(c));
+        }
+        all.extend(s.finish());
+        assert_eq!(
+            kinds(&all),
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        for (n, e) in all.iter().enumerate() {
+            assert_eq!(e["sequence_number"], n as u64, "{e}");
+        }
+        assert_eq!(all[0]["response"]["status"], "in_progress");
+        assert_eq!(all[6]["text"], "Let me check.");
+        assert_eq!(all[12]["arguments"], "{\"city\":\"Paris\"}");
+        let done = &all[14]["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["model"], "mock-model");
+        assert_eq!(done["usage"]["total_tokens"], 13);
+        assert_eq!(
+            done["output"],
+            json!([
+                {"type": "message", "id": "msg_s_0", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}]},
+                {"type": "function_call", "id": "fc_s_0", "call_id": "call_a", "name": "weather",
+                 "arguments": "{\"city\":\"Paris\"}", "status": "completed"}
+            ])
+        );
+        // The same items as the non-streaming Response would have.
+        assert_eq!(all[13]["item"], done["output"][1]);
+        assert!(sse(&all[4]).starts_with("event: response.output_text.delta\ndata: {"));
+    }
+
+    #[test]
+    fn a_cut_stream_ends_incomplete_with_what_was_relayed() {
+        let mut s = Events::new(echo(), "m");
+        let mut all = s.start();
+        all.extend(s.chunk(&chunk(json!({"content": "Once upon"}), None)));
+        all.extend(s.incomplete("interrupted"));
+        let last = all.last().unwrap();
+        assert_eq!(last["type"], "response.incomplete");
+        assert_eq!(
+            last["response"]["incomplete_details"]["reason"],
+            "interrupted"
+        );
+        assert_eq!(
+            last["response"]["output"][0]["content"][0]["text"],
+            "Once upon"
+        );
+        let mut s = Events::new(echo(), "m");
+        s.start();
+        let failed = s.failed("upstream_error", "the upstream broke off");
+        assert_eq!(failed[0]["type"], "response.failed");
+        assert_eq!(failed[0]["response"]["error"]["code"], "upstream_error");
+        assert_eq!(failed[0]["sequence_number"], 2);
+    }
+
+    #[test]
+    fn a_limit_reached_is_an_incomplete_response() {
+        let mut s = Events::new(echo(), "m");
+        s.start();
+        s.chunk(&chunk(json!({"content": "It was"}), Some("length")));
+        let end = s.finish();
+        let last = end.last().unwrap();
+        assert_eq!(last["type"], "response.incomplete");
+        assert_eq!(
+            last["response"]["incomplete_details"]["reason"],
+            "max_output_tokens"
+        );
+    }
+}
