@@ -189,6 +189,18 @@ fn replica_config(url: &str, prefix: &str, upstream: &MockUpstream) -> String {
     )
 }
 
+/// Two replicas on the Redis at `url`, shared by the clients' tasks.
+async fn two_replicas(
+    url: &str,
+    prefix: &str,
+    upstream: &MockUpstream,
+) -> (Arc<Harness>, Arc<Harness>) {
+    let toml = replica_config(url, prefix, upstream);
+    let a = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
+    let b = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
+    (a, b)
+}
+
 /// Replies that take a while, so that faults land mid-turn: every other
 /// one streamed in pieces. Each reply's text is unique, so that a reply
 /// stored twice shows.
@@ -445,9 +457,7 @@ async fn redis_killed_and_restarted_mid_turn_loses_and_duplicates_nothing() {
     .await;
     let upstream = MockUpstream::start().await;
     slow_replies(&upstream, 1000);
-    let toml = replica_config(&server.url(), "rk", &upstream);
-    let a = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
-    let b = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
+    let (a, b) = two_replicas(&server.url(), "rk", &upstream).await;
 
     let acks = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -521,9 +531,7 @@ async fn redis_paused_mid_turn_loses_and_duplicates_nothing() {
     let server = RedisServer::start(port, &scratch.0, &["--appendonly", "no", "--save", ""]).await;
     let upstream = MockUpstream::start().await;
     slow_replies(&upstream, 1000);
-    let toml = replica_config(&server.url(), "rp", &upstream);
-    let a = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
-    let b = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
+    let (a, b) = two_replicas(&server.url(), "rp", &upstream).await;
 
     let acks = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -716,9 +724,7 @@ async fn cluster_master_failed_over_mid_run_loses_and_duplicates_nothing() {
     let mut cluster = Cluster::start(&scratch.0).await;
     let upstream = MockUpstream::start().await;
     slow_replies(&upstream, 1000);
-    let toml = replica_config(&cluster.url(), "cf", &upstream);
-    let a = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
-    let b = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
+    let (a, b) = two_replicas(&cluster.url(), "cf", &upstream).await;
 
     let acks = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();

@@ -32,13 +32,18 @@ fn shared(extra: &str) -> Option<String> {
 async fn pair(extra: &str) -> Option<(Harness, Harness, MockUpstream)> {
     let config = shared(extra)?;
     let upstream = MockUpstream::start().await;
-    let toml = format!(
-        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
-        upstream.base_url()
-    );
+    let toml = with_upstream(&config, &upstream);
     let a = Harness::with_config(&toml, upstream.clone()).await;
     let b = Harness::with_config(&toml, upstream.clone()).await;
     Some((a, b, upstream))
+}
+
+/// A replica's whole config: the shared storage and the mock upstream.
+fn with_upstream(config: &str, upstream: &MockUpstream) -> String {
+    format!(
+        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        upstream.base_url()
+    )
 }
 
 #[tokio::test]
@@ -183,10 +188,7 @@ async fn a_replica_killed_mid_stream_does_not_block_the_next_turn() {
         return;
     };
     let upstream = MockUpstream::start().await;
-    let toml = format!(
-        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
-        upstream.base_url()
-    );
+    let toml = with_upstream(&config, &upstream);
     // Replica A is a real process, so that it can die for real.
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("recall-replicas-{}", std::process::id()));
@@ -553,10 +555,7 @@ async fn a_replica_whose_lease_lapsed_does_not_write_over_the_next_holder() {
         return;
     };
     let upstream = MockUpstream::start().await;
-    let toml = format!(
-        "{config}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
-        upstream.base_url()
-    );
+    let toml = with_upstream(&config, &upstream);
     let a = Harness::with_config(&toml, upstream.clone()).await;
     let b = Harness::with_config(&toml, upstream.clone()).await;
     // A third replica reads what storage holds, with nothing in memory.
