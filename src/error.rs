@@ -29,6 +29,8 @@ pub enum RequestError {
     UnknownModel { model: String },
     #[error("session `{id}` not found")]
     SessionNotFound { id: String },
+    #[error("{0}")]
+    ObjectNotFound(NotFound),
     #[error("unknown route {method} {path}")]
     NoRoute { method: String, path: String },
     #[error("this reply was interrupted by a newer request or the interrupt endpoint")]
@@ -47,6 +49,24 @@ pub enum RequestError {
     NoClientKey,
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
+}
+
+/// A Responses or Conversations API object (`what`: "Response",
+/// "Previous response", "Conversation", "Item") that does not exist, or
+/// belongs to another tenant (the same answer, so ids are not probed).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what} with id '{id}' not found.")]
+pub struct NotFound {
+    pub what: &'static str,
+    pub id: String,
+    pub param: Option<&'static str>,
+    pub code: &'static str,
+}
+
+impl From<NotFound> for ApiError {
+    fn from(n: NotFound) -> Self {
+        RequestError::ObjectNotFound(n).into()
+    }
 }
 
 impl RequestError {
@@ -173,6 +193,12 @@ impl ApiError {
                     "invalid_request_error",
                     Some("session_id".into()),
                     Some("session_not_found"),
+                ),
+                R::ObjectNotFound(NotFound { param, code, .. }) => (
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    param.map(str::to_owned),
+                    Some(*code),
                 ),
                 R::Interrupted => (
                     StatusCode::CONFLICT,

@@ -21,7 +21,7 @@ use recall::config::{HistoryConfig, InterruptedRendering, OnNewRequest, Roles};
 use recall::memory::interruption::{is_failure, is_interrupted, is_superseded};
 use recall::memory::message::{Message, Role};
 use recall::memory::render::{check, outbound};
-use recall::memory::session::{Policy, Reply, Session, Store, TurnRequest};
+use recall::memory::session::{Joins, Policy, Reply, Session, Store, TurnRequest};
 use recall::memory::tokens::Encoding;
 use recall::memory::window::Limits;
 use recall::metrics::Metrics;
@@ -172,6 +172,7 @@ impl World {
             idempotency_key: None,
             rules: &rules,
             fallback_rules: None,
+            joins: Joins::Reconcile,
         };
         match self.session.begin(&self.policy, &turn) {
             Ok((_, flight)) => flight,

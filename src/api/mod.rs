@@ -2,7 +2,7 @@
 //! `/sessions/{session_id}/v1/`, for clients that can only set a base URL.
 
 pub mod auth;
-mod chat;
+pub(crate) mod chat;
 mod models;
 pub mod observe;
 pub mod responses;
@@ -76,6 +76,7 @@ fn v1(app: &Arc<App>) -> Router<Arc<App>> {
         ));
     Router::new()
         .route("/chat/completions", post(chat::completions))
+        .route("/responses", post(responses::create))
         .route("/models", get(models::list))
         .route("/models/{*model}", get(models::retrieve))
         .merge(session_api)
@@ -229,7 +230,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T>
 /// arrive whole within `server.request_body_timeout_secs`: a client that
 /// never finishes its body (a chunked upload left open) gets a 408 instead
 /// of holding its connection and this task for ever.
-async fn read_body(app: &App, body: Body) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(app: &App, body: Body) -> Result<Bytes, ApiError> {
     let limit = app.config.server.max_body_bytes;
     let secs = app.config.server.request_body_timeout_secs;
     let limited = http_body_util::Limited::new(body, limit);

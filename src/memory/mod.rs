@@ -2,6 +2,7 @@
 //! with the history, what the upstream is sent (render, window, tokens),
 //! turns, interruptions, the reply in flight, and how sessions end.
 
+pub mod chain;
 pub mod inflight;
 pub mod interruption;
 pub mod lifecycle;

@@ -27,6 +27,9 @@ pub struct App {
     pub upstreams: Upstreams,
     pub metrics: Arc<Metrics>,
     pub policy: Arc<Policy>,
+    /// `policy` for a turn that records nothing (the Responses API's
+    /// `store: false`): no storage, no webhook events.
+    pub unstored: Arc<Policy>,
     pub notifier: Arc<dyn Notifier>,
     pub cache: Option<AnswerCache>,
     /// The bearer token the session API requires, if one is configured.
@@ -82,6 +85,14 @@ impl App {
             storage,
             clock: crate::clock::Clock::System,
         });
+        let unstored = Arc::new(Policy {
+            history: config.history.clone(),
+            on_new_request: config.interruption.on_new_request,
+            metrics: Arc::clone(&metrics),
+            notifier: Arc::new(LogOnly),
+            storage: Arc::new(Storage::Memory),
+            clock: crate::clock::Clock::System,
+        });
         let admin_token = config
             .admin
             .token_env
@@ -101,6 +112,7 @@ impl App {
             upstreams,
             metrics,
             policy,
+            unstored,
             notifier,
             admin_token,
             client_keys,

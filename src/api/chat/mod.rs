@@ -13,42 +13,41 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{Map, Value};
 
+mod open;
 mod request;
+
+use open::{open_turn, token_encoding};
 
 use request::{
     bypass_cache, idempotency_key, label_user, one_streamed_choice, retrying, session_id, user_id,
     CACHE_HEADER,
 };
 pub use request::{parse_request, ChatRequest};
+pub(crate) use request::{parse_body, request_of};
 
 use super::observe::ServedBy;
 use super::PathParams;
-use crate::config::OnNewRequest;
-use crate::error::{ApiError, RequestError};
+use super::auth::Access;
+use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::message::{Message, Role};
 use crate::memory::reconcile;
-use crate::memory::session::{self, Refused, Reply};
-use crate::memory::tokens::Encoding;
+use crate::memory::session::{self, Joins, Reply};
 use crate::proxy::cache;
 use crate::proxy::relay::{self, Exchange};
 use crate::proxy::vendor::{self, TurnInfo};
 use crate::server::app::App;
-use crate::store::Wait;
 
 pub async fn completions(
     State(app): State<Arc<App>>,
     PathParams(path): PathParams,
     served: Option<Extension<ServedBy>>,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let access = app.client_access(&headers)?;
     // Taken before anything is stored: a request turned away changes nothing.
     let slot = app.upstream_slot()?;
-    if app.client_keys.is_some() {
-        // The client's key is recall's; the upstream gets its own or none.
-        headers.remove(axum::http::header::AUTHORIZATION);
-    }
+    let headers = without_client_key(&app, headers);
     let bytes = super::read_body(&app, body).await?;
     // The client's upload is its own pace: the proxy's time starts here.
     let arrived = tokio::time::Instant::now();
@@ -58,8 +57,92 @@ pub async fn completions(
     if session_id.is_some() {
         one_streamed_choice(&body)?;
     }
-    let session_id = session_id.map(|id| access.internal(&id).into_owned());
-    let user = user_id(&app, &headers)?;
+    let session = session_id.map(|id| Target {
+        id: access.internal(&id).into_owned(),
+        joins: Joining::Reconcile,
+        missing: None,
+    });
+    let turn = Turn {
+        access,
+        slot,
+        headers,
+        arrived,
+        body,
+        messages,
+        session,
+        served: served.map(|Extension(s)| s),
+    };
+    Ok(run(&app, turn).await?.response)
+}
+
+/// The client's key is recall's: the upstream gets its own or none.
+pub(crate) fn without_client_key(app: &App, mut headers: HeaderMap) -> HeaderMap {
+    if app.client_keys.is_some() {
+        headers.remove(axum::http::header::AUTHORIZATION);
+    }
+    headers
+}
+
+/// A checked request, ready to run through the chat path: chat's own, or
+/// one the Responses API translated.
+pub(crate) struct Turn {
+    pub access: Access,
+    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub headers: HeaderMap,
+    pub arrived: tokio::time::Instant,
+    /// The body without `messages`.
+    pub body: Map<String, Value>,
+    pub messages: Vec<Message>,
+    /// None: stateless, the client's messages are sent as they are.
+    pub session: Option<Target>,
+    pub served: Option<ServedBy>,
+}
+
+/// The session a turn runs in, and how its messages join it.
+pub(crate) struct Target {
+    /// The internal id (`Access::internal`).
+    pub id: String,
+    pub joins: Joining,
+    /// The session must exist (and for `Joining::After`, hold the
+    /// response): else this is the answer, and nothing is created.
+    pub missing: Option<NotFound>,
+}
+
+pub(crate) enum Joining {
+    Reconcile,
+    Append,
+    /// After a response; if later messages follow it, the turn forks into
+    /// a new session under `fork_to`.
+    After { response: String, fork_to: String },
+    /// A session outside the store that starts from this history and
+    /// records nothing.
+    Unstored(Vec<Arc<Message>>),
+}
+
+/// A turn that ran: the response for the client, and where it went.
+pub(crate) struct Ran {
+    pub response: Response,
+    /// The internal id of the session the turn ran in (a fork's, if it
+    /// forked).
+    pub session: Option<String>,
+    /// The sequence number the reply is recorded at.
+    pub reply_seq: u64,
+}
+
+/// The request path from the route on: session, reconcile + window,
+/// vendor rewrite, relay.
+pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
+    let Turn {
+        access,
+        slot,
+        headers,
+        arrived,
+        body,
+        messages,
+        session,
+        served,
+    } = turn;
+    let user = user_id(app, &headers)?;
     let model = match body.get("model") {
         Some(Value::String(m)) => m.clone(),
         _ => {
@@ -77,11 +160,11 @@ pub async fn completions(
             model: model.clone(),
         })?
         .clone();
-    if let Some(Extension(served)) = &served {
+    if let Some(served) = &served {
         served.note(&upstream.name);
     }
-    if let Some(id) = &session_id {
-        tracing::Span::current().record("session", id.as_str());
+    if let Some(target) = &session {
+        tracing::Span::current().record("session", target.id.as_str());
     }
 
     let (instructions, mut conversation): (Vec<Message>, Vec<Message>) =
@@ -92,43 +175,44 @@ pub async fn completions(
     let now = app.policy.clock.now_ms();
 
     let fallback = app.upstreams.fallback_of(&upstream).cloned();
-    let prepared = match &session_id {
-        Some(id) => {
+    let (prepared, flight, ran_in) = match session {
+        Some(target) => {
             let turn = session::TurnRequest {
                 incoming: &conversation,
                 user: user.as_deref(),
-                encoding: token_encoding(&app, &model).await,
+                encoding: token_encoding(app, &model).await,
                 now_ms: now,
                 retrying: retrying(&headers),
                 idempotency_key: idempotency_key(&headers),
                 rules: &upstream.rules,
                 fallback_rules: fallback.as_ref().map(|f| &f.rules),
+                joins: Joins::Reconcile,
             };
-            let (mut prepared, flight) = open_turn(&app, id, &turn).await?;
+            let (mut prepared, flight, ran_in) = open_turn(app, target, turn).await?;
             // The upstream call does not wait for the user's message to be
             // stored: the two overlap, and the reply's end (what tells the
             // client the turn happened) waits for both.
             flight.opened(std::mem::take(&mut prepared.durable));
-            (prepared, flight)
+            (prepared, flight, Some(ran_in))
         }
         // Stateless: the client manages its own history; send it as is.
         None => (
             session::Prepared::stateless(conversation),
             Arc::new(Reply::stateless()),
+            None,
         ),
     };
-    let (
-        session::Prepared {
-            turn_id,
-            window,
-            fallback_window,
-            system_messages,
-            incarnation,
-            rewrite,
-            ..
-        },
-        flight,
-    ) = prepared;
+    let session::Prepared {
+        turn_id,
+        window,
+        fallback_window,
+        system_messages,
+        incarnation,
+        rewrite,
+        reply_seq,
+        ..
+    } = prepared;
+    let session_id = ran_in;
     let turn = session_id.as_ref().map(|_| TurnInfo { turn_id });
     if turn.is_some() {
         tracing::Span::current().record("turn", turn_id);
@@ -152,6 +236,11 @@ pub async fn completions(
             &body,
         )
     });
+    let ran = |response| Ran {
+        response,
+        session: session_id.clone(),
+        reply_seq,
+    };
     // A regenerate asks for another answer than the one it superseded,
     // which the cache may hold; its new answer is cached in its place.
     let regenerate = rewrite == Some(reconcile::Rewrite::Regenerate);
@@ -159,11 +248,13 @@ pub async fn completions(
         let answer = app.cache.as_ref().and_then(|c| c.get(&key));
         app.metrics.cache_lookup(answer.is_some());
         if let Some(answer) = answer {
-            return answer_from_cache(&flight, &body, &model, &answer, now).await;
+            return Ok(ran(
+                answer_from_cache(&flight, &body, &model, &answer, now).await?
+            ));
         }
     }
     if let (Some(key), Some(_)) = (cache_key, &app.cache) {
-        let app = Arc::clone(&app);
+        let app = Arc::clone(app);
         flight.on_complete(Box::new(move |reply, finish_reason| {
             if let Some(cache) = &app.cache {
                 cache.put(key, reply, finish_reason);
@@ -212,81 +303,7 @@ pub async fn completions(
             .headers_mut()
             .insert(CACHE_HEADER, HeaderValue::from_static("miss"));
     }
-    Ok(response)
-}
-
-/// Begins a turn in session `id`, creating the session if needed. A session
-/// that ended while this request held it is looked up again (and so
-/// started anew).
-async fn open_turn(
-    app: &App,
-    id: &str,
-    turn: &session::TurnRequest<'_>,
-) -> Result<(session::Prepared, Arc<Reply>), ApiError> {
-    let now = turn.now_ms;
-    let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
-    let storage = &app.policy.storage;
-    loop {
-        // This process's own reply is settled first: with shared storage
-        // before the other replicas' (a turn never waits on its own
-        // process's lease), and after a failed write before the session
-        // is reloaded from storage (`Store::find`).
-        if storage.shared() || storage.needs_reload(id) {
-            if let Some(local) = app.sessions.get(id) {
-                match local.settle(&app.policy, app.policy.on_new_request) {
-                    Ok(()) | Err(Refused::Ended) => {}
-                    Err(Refused::Busy) => return Err(busy()),
-                }
-            }
-        }
-        let claim = if storage.shared() {
-            let wait = match app.policy.on_new_request {
-                OnNewRequest::Interrupt => Wait::Interrupt,
-                OnNewRequest::Reject => Wait::No,
-            };
-            Some(storage.claim(id, wait).await?.ok_or_else(busy)?)
-        } else {
-            None
-        };
-        // With shared storage this reads what the previous holder wrote.
-        let (session, created) = app.sessions.open(id, storage, now).await?;
-        if created {
-            app.session_created();
-        }
-        match session.begin(&app.policy, turn) {
-            Ok((prepared, flight)) => {
-                let flight = Arc::new(flight);
-                if let Some(claim) = claim {
-                    flight.hold(claim);
-                }
-                return Ok((prepared, flight));
-            }
-            Err(refused) => {
-                if let Some(claim) = claim {
-                    let _ = storage.release(claim);
-                }
-                match refused {
-                    Refused::Busy => return Err(busy()),
-                    Refused::Ended => continue,
-                }
-            }
-        }
-    }
-}
-
-/// How the turn's window counts tokens. The first turn for a model family
-/// builds its tokenizer, on a blocking thread rather than an async worker
-/// or under the session's lock; without `window_tokens` nothing is built.
-async fn token_encoding(app: &App, model: &str) -> Encoding {
-    if app.policy.history.window_tokens == 0 {
-        return Encoding::default();
-    }
-    let encoding = Encoding::for_model(model);
-    if !encoding.is_ready() {
-        // Fails only if building panicked; counting would then try again.
-        let _ = tokio::task::spawn_blocking(move || encoding.load()).await;
-    }
-    encoding
+    Ok(ran(response))
 }
 
 /// Answers from the cache, in the shape the client asked for, and records

@@ -81,7 +81,14 @@ pub struct ChatRequest {
 /// (128 levels) refuses deeper nesting as an error, so no input can
 /// overflow the stack here.
 pub fn parse_request(bytes: &[u8], max_messages: usize) -> Result<ChatRequest, ApiError> {
-    let mut body = parse_body(bytes)?;
+    request_of(parse_body(bytes)?, max_messages)
+}
+
+/// `parse_request` for a body already parsed.
+pub(crate) fn request_of(
+    mut body: Map<String, Value>,
+    max_messages: usize,
+) -> Result<ChatRequest, ApiError> {
     let messages = take_messages(&mut body, max_messages)?;
     Ok(ChatRequest { body, messages })
 }
@@ -104,7 +111,7 @@ pub(super) fn one_streamed_choice(body: &Map<String, Value>) -> Result<(), ApiEr
     Ok(())
 }
 
-fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub(crate) fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(RequestError::invalid("the request body must be a JSON object", None).into()),

@@ -15,7 +15,8 @@
 
 use serde_json::{json, Value};
 
-use super::response::{item_id, usage, Echo};
+use super::ids;
+use super::response::{usage, Echo};
 
 /// The stream of one response.
 pub struct Events {
@@ -106,6 +107,11 @@ impl Events {
         r
     }
 
+    /// The upstream said how its reply finished (`finish_reason`).
+    pub fn finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+
     /// The events that open the stream.
     pub fn start(&mut self) -> Vec<Value> {
         let r = self.response("in_progress", Value::Null, Value::Null);
@@ -144,7 +150,7 @@ impl Events {
             None => {
                 let at = self.items.len();
                 self.items.push(Item::Message {
-                    id: item_id(&self.echo.id, "msg", 0),
+                    id: ids::item("msg", &self.echo.items, 0),
                     text: String::new(),
                     open: true,
                 });
@@ -183,7 +189,7 @@ impl Events {
                 self.close_text(out);
                 let at = self.items.len();
                 self.items.push(Item::Call {
-                    id: item_id(&self.echo.id, "fc", self.calls.len()),
+                    id: ids::item("fc", &self.echo.items, self.calls.len()),
                     call_id: call["id"].as_str().unwrap_or_default().to_owned(),
                     name: call["function"]["name"]
                         .as_str()

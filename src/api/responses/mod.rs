@@ -12,9 +12,15 @@
 //! (a chain is a session, a fork shares its parent's prefix), and the
 //! Conversations API.
 
+mod answer;
+mod create;
 pub mod events;
+pub mod ids;
+pub mod items;
 pub mod request;
 pub mod response;
+
+pub use create::create;
 
 #[cfg(test)]
 mod tests;

@@ -3,25 +3,42 @@
 
 use serde_json::{json, Map, Value};
 
+use super::ids;
+
 /// What a Response says besides its output: its id and when, and what
 /// the request asked for that the Response echoes.
 #[derive(Debug, Clone, Default)]
 pub struct Echo {
-    /// `resp_...`; its items' ids are derived from it, so they are stable.
+    /// `resp_...`
     pub id: String,
+    /// What its output items' ids start with (`ids::items_base`: the
+    /// reply's message), so they are the ids the conversation shows.
+    pub items: String,
+    /// Seconds.
     pub created_at: i64,
     pub previous_response_id: Option<String>,
     pub conversation: Option<String>,
     pub instructions: Option<String>,
     pub metadata: Option<Value>,
     pub store: bool,
+    /// The request's fields a Response repeats (`tools`, `temperature`,
+    /// ...), as the request gave them.
+    pub fields: Map<String, Value>,
 }
 
-/// The id of a Response's `n`th output item of a kind (`msg`, `fc`).
-pub fn item_id(response_id: &str, kind: &str, n: usize) -> String {
-    let base = response_id.strip_prefix("resp_").unwrap_or(response_id);
-    format!("{kind}_{base}_{n}")
-}
+/// The request fields a Response repeats as they were sent.
+pub const ECHOED: &[&str] = &[
+    "tools",
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "text",
+    "max_output_tokens",
+    "truncation",
+    "reasoning",
+    "user",
+];
 
 /// The Response for a chat completion (its first choice).
 pub fn from_completion(completion: &Value, echo: &Echo) -> Value {
@@ -37,7 +54,7 @@ pub fn from_completion(completion: &Value, echo: &Echo) -> Value {
     }
     if !content.is_empty() {
         output.push(json!({
-            "type": "message", "id": item_id(&echo.id, "msg", 0), "status": "completed",
+            "type": "message", "id": ids::item("msg", &echo.items, 0), "status": "completed",
             "role": "assistant", "content": content,
         }));
     }
@@ -48,7 +65,7 @@ pub fn from_completion(completion: &Value, echo: &Echo) -> Value {
         .enumerate()
     {
         output.push(json!({
-            "type": "function_call", "id": item_id(&echo.id, "fc", n), "status": "completed",
+            "type": "function_call", "id": ids::item("fc", &echo.items, n), "status": "completed",
             "call_id": call["id"], "name": call["function"]["name"],
             "arguments": call["function"]["arguments"],
         }));
@@ -84,7 +101,24 @@ pub fn from_completion(completion: &Value, echo: &Echo) -> Value {
         echo.metadata.clone().unwrap_or_else(|| json!({})),
     );
     response.insert("store".into(), json!(echo.store));
+    for key in ECHOED {
+        let value = echo.fields.get(*key).cloned();
+        response.insert((*key).into(), value.unwrap_or_else(|| default_of(key)));
+    }
     Value::Object(response)
+}
+
+/// What OpenAI's Response says for a field the request left out.
+fn default_of(key: &str) -> Value {
+    match key {
+        "tools" => json!([]),
+        "tool_choice" => json!("auto"),
+        "parallel_tool_calls" => json!(true),
+        "text" => json!({"format": {"type": "text"}}),
+        "truncation" => json!("disabled"),
+        "temperature" | "top_p" => json!(1.0),
+        _ => Value::Null,
+    }
 }
 
 /// Chat's usage in the Responses API's words (`null` when the upstream

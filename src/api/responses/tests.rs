@@ -1,7 +1,8 @@
 use serde_json::{json, Map, Value};
 
 use super::request::{translate, Translated};
-use super::response::{from_completion, item_id, Echo};
+use super::ids;
+use super::response::{from_completion, Echo};
 use crate::error::RequestError;
 use crate::memory::message::parse_messages;
 
@@ -191,6 +192,7 @@ fn a_completion_becomes_a_response_with_stable_item_ids() {
     });
     let echo = Echo {
         id: "resp_abc".into(),
+        items: "abc".into(),
         created_at: 1700000000,
         previous_response_id: Some("resp_prev".into()),
         instructions: Some("Be brief.".into()),
@@ -218,7 +220,7 @@ fn a_completion_becomes_a_response_with_stable_item_ids() {
                "total_tokens": 17})
     );
     assert_eq!(r, from_completion(&completion, &echo), "ids are not stable");
-    assert_eq!(item_id("resp_abc", "msg", 3), "msg_abc_3");
+    assert_eq!(ids::item("msg", "abc", 3), "msg_abc_3");
 }
 
 #[test]
@@ -254,6 +256,7 @@ mod stream {
     fn echo() -> Echo {
         Echo {
             id: "resp_s".into(),
+            items: "s".into(),
             created_at: 1,
             store: true,
             ..Echo::default()

@@ -164,10 +164,14 @@ fn refused(target: &Target, r: Refused) -> ApiError {
             id: target.name.clone(),
         }
         .into(),
-        Refused::Ended => RequestError::SessionNotFound {
-            id: target.name.clone(),
+        // The session API's own changes are not turns: what is left comes
+        // only from a turn's `Joins`, which it never asks for.
+        Refused::Ended | Refused::UnknownResponse | Refused::Fork(_) | Refused::NotEmpty => {
+            RequestError::SessionNotFound {
+                id: target.name.clone(),
+            }
+            .into()
         }
-        .into(),
     }
 }
 

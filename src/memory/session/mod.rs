@@ -34,7 +34,7 @@ pub use admin::{EndWhen, Ended, Summary};
 pub use record::Interrupted;
 pub use reply::Reply;
 pub use store::Store;
-pub use turn::{Prepared, Refused, TurnRequest};
+pub use turn::{Joins, Prepared, Refused, TurnRequest};
 
 use state::State;
 
@@ -95,6 +95,10 @@ pub struct Session {
 pub struct History {
     pub turn_id: u64,
     pub messages: Vec<Arc<Message>>,
+    /// The sequence number of `messages[0]`.
+    pub first_seq: u64,
+    /// A reply is in flight.
+    pub in_flight: bool,
 }
 
 /// Messages as a session holds them. Not `collect()`: that reuses the
@@ -163,7 +167,27 @@ impl Session {
         History {
             turn_id: st.turn_id,
             messages: st.messages.clone(),
+            first_seq: st.first_seq,
+            in_flight: st.active.is_some(),
         }
+    }
+
+    /// A session outside the store, whose changes go where its policy's
+    /// storage sends them: a turn that records nothing runs in one.
+    pub fn unstored(id: &str, now_ms: i64) -> Arc<Self> {
+        Arc::new(Self::new(id, now_ms))
+    }
+
+    /// What a response continuing from `after` (else from the newest
+    /// message) would see, read without changing anything; `None` if
+    /// there is no such response here.
+    pub fn branch(&self, after: Option<&str>) -> Option<Vec<Arc<Message>>> {
+        let st = self.state();
+        let end = match after {
+            None => st.messages.len(),
+            Some(id) => crate::memory::chain::find(&st.messages, id)?.output.end,
+        };
+        Some(st.messages[..end].to_vec())
     }
 
     /// Replaces the local copy with what shared storage holds, unless a

@@ -7,6 +7,7 @@ use std::sync::{Arc, MutexGuard};
 use super::state::State;
 use super::{shared, Policy, Reply, Session};
 use crate::config::OnNewRequest;
+use crate::memory::chain::{self, Position};
 use crate::memory::inflight::{Happened, InFlight};
 use crate::memory::interruption::{self, Spoken};
 use crate::memory::message::Message;
@@ -34,6 +35,23 @@ pub struct TurnRequest<'a> {
     /// How the upstream sees the history, and its fallback if it has one.
     pub rules: &'a VendorRules,
     pub fallback_rules: Option<&'a VendorRules>,
+    /// How the messages join the history.
+    pub joins: Joins<'a>,
+}
+
+/// How a request's messages join the history.
+#[derive(Debug, Clone, Copy)]
+pub enum Joins<'a> {
+    /// Chat: the client sends its conversation, and `reconcile` finds
+    /// what is new in it.
+    Reconcile,
+    /// The Responses API on a conversation: every message is new.
+    Append,
+    /// The Responses API after response `id`: appended when nothing
+    /// follows it, else refused with the history to fork (`Refused::Fork`).
+    After(&'a str),
+    /// A fork's first turn: a new session that starts from this history.
+    Fork(&'a [Arc<Message>]),
 }
 
 /// What a turn sends upstream, decided when its messages were appended.
@@ -51,6 +69,8 @@ pub struct Prepared {
     pub durable: Ticket,
     /// Stored messages this request superseded, and why.
     pub rewrite: Option<Rewrite>,
+    /// The sequence number the reply will be recorded at.
+    pub reply_seq: u64,
 }
 
 impl Prepared {
@@ -64,17 +84,25 @@ impl Prepared {
             incarnation: 0,
             durable: Ticket::ready(),
             rewrite: None,
+            reply_seq: 0,
         }
     }
 }
 
 /// Why a turn could not begin.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Refused {
     /// A reply is in flight and the policy is to reject.
     Busy,
     /// The session ended meanwhile; look it up again.
     Ended,
+    /// `Joins::After` a response this session does not hold.
+    UnknownResponse,
+    /// `Joins::After` a response that later messages follow: the new
+    /// response goes to a new session that starts from this history.
+    Fork(Vec<Arc<Message>>),
+    /// `Joins::Fork` into a session that already holds messages.
+    NotEmpty,
 }
 
 impl Session {
@@ -86,7 +114,21 @@ impl Session {
         policy: &Arc<Policy>,
         req: &TurnRequest<'_>,
     ) -> Result<(Prepared, Reply), Refused> {
-        let mut st = self.settled(policy, policy.on_new_request)?;
+        let st = self.state();
+        // Decided before the reply in flight is settled: a fork leaves the
+        // branch it forks from, and its reply, as they are.
+        match req.joins {
+            Joins::After(id) if !st.ended => match chain::position(&st.messages, id) {
+                Position::Unknown => return Err(Refused::UnknownResponse),
+                Position::Older { end } => return Err(Refused::Fork(st.messages[..end].to_vec())),
+                Position::Newest => {}
+            },
+            Joins::Fork(_) if !st.messages.is_empty() || st.first_seq > 0 => {
+                return Err(Refused::NotEmpty)
+            }
+            _ => {}
+        }
+        let mut st = self.settled_from(st, policy, policy.on_new_request)?;
         if let Some(user) = req.user {
             if !st.users.iter().any(|u| u == user) {
                 st.users.push(user.to_owned());
@@ -117,7 +159,15 @@ impl Session {
         policy: &Policy,
         on_new: OnNewRequest,
     ) -> Result<MutexGuard<'_, State>, Refused> {
-        let mut st = self.state();
+        self.settled_from(self.state(), policy, on_new)
+    }
+
+    fn settled_from<'s>(
+        &'s self,
+        mut st: MutexGuard<'s, State>,
+        policy: &Policy,
+        on_new: OnNewRequest,
+    ) -> Result<MutexGuard<'s, State>, Refused> {
         if st.ended {
             return Err(Refused::Ended);
         }
@@ -157,10 +207,27 @@ impl Session {
             front_dropped: st.first_seq > 0,
             retry: req.retrying || same_key,
         };
-        let found = reconcile::reconcile(&st.messages, incoming, hints);
-        let rewrite = self.apply(st, policy, &found, incoming.len(), now_ms, &mut ops);
+        if let Joins::Fork(history) = req.joins {
+            // Pointers to the branch's messages: they are stored again
+            // under the new session once, here, and shared in memory.
+            let from = st.messages.len();
+            for m in history {
+                st.push_message(Arc::clone(m));
+            }
+            st.turn_id = history.iter().filter_map(|m| m.turn_id).max().unwrap_or(0);
+            ops.extend((from..st.messages.len()).map(|i| self.push_op(st, i)));
+        }
+        let (rewrite, new_from) = match req.joins {
+            Joins::Reconcile => {
+                let found = reconcile::reconcile(&st.messages, incoming, hints);
+                let rewrite = self.apply(st, policy, &found, incoming.len(), now_ms, &mut ops);
+                (rewrite, found.new_from(incoming.len()))
+            }
+            // The Responses API sends only what is new.
+            _ => (None, 0),
+        };
         st.last_key = req.idempotency_key.map(str::to_owned);
-        let mut new = incoming[found.new_from(incoming.len())..].to_vec();
+        let mut new = incoming[new_from..].to_vec();
         st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, st.last_visible(), now_ms);
         let from = st.messages.len();
         st.extend_messages(new);
@@ -197,6 +264,7 @@ impl Session {
             incarnation: st.incarnation,
             durable: self.persist(st, policy, ops),
             rewrite,
+            reply_seq: st.first_seq + st.messages.len() as u64,
         }
     }
 

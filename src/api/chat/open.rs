@@ -1,0 +1,182 @@
+//! A turn's session: found or created, its lease taken with shared
+//! storage, and the turn begun in it (forked into a new session when the
+//! Responses API continues from an older response).
+
+use std::sync::Arc;
+
+use super::{Joining, Target};
+use crate::config::OnNewRequest;
+use crate::error::{ApiError, NotFound, RequestError};
+use crate::memory::message::Message;
+use crate::memory::session::{self, Joins, Refused, Reply, Session, TurnRequest};
+use crate::memory::tokens::Encoding;
+use crate::server::app::App;
+use crate::store::Wait;
+
+/// A turn begun: what it sends, its reply, and the session it is in.
+pub(super) type Opened = (session::Prepared, Arc<Reply>, String);
+
+/// Begins `turn` in the session `target` names, as `target.joins` says.
+pub(super) async fn open_turn(
+    app: &App,
+    target: Target,
+    turn: TurnRequest<'_>,
+) -> Result<Opened, ApiError> {
+    let Target { id, joins, missing } = target;
+    let missing = missing.as_ref();
+    match joins {
+        Joining::Reconcile | Joining::Append => {
+            let joins = match joins {
+                Joining::Append => Joins::Append,
+                _ => Joins::Reconcile,
+            };
+            let turn = TurnRequest { joins, ..turn };
+            match open_in(app, &id, &turn, missing).await? {
+                Ok((prepared, flight)) => Ok((prepared, flight, id)),
+                // Only `Joins::After` forks.
+                Err(_) => Err(ApiError::Internal),
+            }
+        }
+        Joining::After { response, fork_to } => {
+            let after = TurnRequest {
+                joins: Joins::After(&response),
+                ..turn
+            };
+            let history = match open_in(app, &id, &after, missing).await? {
+                Ok((prepared, flight)) => return Ok((prepared, flight, id)),
+                Err(history) => history,
+            };
+            let fork = TurnRequest {
+                joins: Joins::Fork(&history),
+                ..after
+            };
+            match open_in(app, &fork_to, &fork, None).await? {
+                Ok((prepared, flight)) => Ok((prepared, flight, fork_to)),
+                Err(_) => Err(ApiError::Internal),
+            }
+        }
+        Joining::Unstored(history) => {
+            let turn = TurnRequest {
+                joins: Joins::Fork(&history),
+                ..turn
+            };
+            let session = Session::unstored(&id, turn.now_ms);
+            match session.begin(&app.unstored, &turn) {
+                Ok((prepared, flight)) => Ok((prepared, Arc::new(flight), id)),
+                Err(refused) => {
+                    tracing::error!(?refused, "a new unstored session refused its turn");
+                    Err(ApiError::Internal)
+                }
+            }
+        }
+    }
+}
+
+/// Begins a turn in session `id`, creating the session if needed (unless
+/// `missing` says it must exist). A session that ended while this request
+/// held it is looked up again (and so started anew). `Err(history)`: the
+/// turn forks from that history.
+async fn open_in(
+    app: &App,
+    id: &str,
+    turn: &TurnRequest<'_>,
+    missing: Option<&NotFound>,
+) -> Result<Result<(session::Prepared, Arc<Reply>), Vec<Arc<Message>>>, ApiError> {
+    let now = turn.now_ms;
+    let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
+    let storage = &app.policy.storage;
+    loop {
+        // This process's own reply is settled first: with shared storage
+        // before the other replicas' (a turn never waits on its own
+        // process's lease), and after a failed write before the session
+        // is reloaded from storage (`Store::find`). Not for a turn that
+        // may fork, which leaves the branch it forks from as it is.
+        let may_fork = matches!(turn.joins, Joins::After(_));
+        if !may_fork && (storage.shared() || storage.needs_reload(id)) {
+            if let Some(local) = app.sessions.get(id) {
+                match local.settle(&app.policy, app.policy.on_new_request) {
+                    Ok(()) | Err(Refused::Ended) => {}
+                    Err(_) => return Err(busy()),
+                }
+            }
+        }
+        let claim = if storage.shared() {
+            let wait = match app.policy.on_new_request {
+                OnNewRequest::Interrupt => Wait::Interrupt,
+                OnNewRequest::Reject => Wait::No,
+            };
+            Some(storage.claim(id, wait).await?.ok_or_else(busy)?)
+        } else {
+            None
+        };
+        let release = |claim: Option<crate::store::Claim>| {
+            if let Some(claim) = claim {
+                let _ = storage.release(claim);
+            }
+        };
+        // With shared storage this reads what the previous holder wrote.
+        let found = match missing {
+            Some(missing) => match app.sessions.find(id, storage).await {
+                Ok(Some(s)) => Ok((s, false)),
+                Ok(None) => {
+                    release(claim);
+                    return Err(missing.clone().into());
+                }
+                Err(e) => Err(e),
+            },
+            None => app.sessions.open(id, storage, now).await,
+        };
+        let (session, created) = match found {
+            Ok(found) => found,
+            Err(e) => {
+                release(claim);
+                return Err(e.into());
+            }
+        };
+        if created {
+            app.session_created();
+        }
+        match session.begin(&app.policy, turn) {
+            Ok((prepared, flight)) => {
+                let flight = Arc::new(flight);
+                if let Some(claim) = claim {
+                    flight.hold(claim);
+                }
+                return Ok(Ok((prepared, flight)));
+            }
+            Err(refused) => {
+                release(claim);
+                match refused {
+                    Refused::Busy => return Err(busy()),
+                    Refused::Ended => continue,
+                    Refused::Fork(history) => return Ok(Err(history)),
+                    Refused::UnknownResponse => {
+                        return Err(match missing {
+                            Some(m) => m.clone().into(),
+                            None => ApiError::Internal,
+                        })
+                    }
+                    Refused::NotEmpty => {
+                        tracing::error!(session = id, "a fork's new session already holds messages");
+                        return Err(ApiError::Internal);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How the turn's window counts tokens. The first turn for a model family
+/// builds its tokenizer, on a blocking thread rather than an async worker
+/// or under the session's lock; without `window_tokens` nothing is built.
+pub(super) async fn token_encoding(app: &App, model: &str) -> Encoding {
+    if app.policy.history.window_tokens == 0 {
+        return Encoding::default();
+    }
+    let encoding = Encoding::for_model(model);
+    if !encoding.is_ready() {
+        // Fails only if building panicked; counting would then try again.
+        let _ = tokio::task::spawn_blocking(move || encoding.load()).await;
+    }
+    encoding
+}

@@ -1,0 +1,162 @@
+//! The chat path's answer as the Responses API's: a completion body as a
+//! Response, a chat stream as the Responses event stream, translated as
+//! the chunks arrive. An upstream's error answer is relayed as it is
+//! (it already has OpenAI's error shape).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, BodyDataStream};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::Stream;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use sse_parse::SseParser;
+
+use super::events::{sse, Events};
+use super::response::{from_completion, Echo};
+use crate::error::ApiError;
+
+/// The largest chat completion read back for translation (as the relay's
+/// own cap on a non-streaming answer).
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+pub async fn translate(
+    response: Response,
+    echo: Echo,
+    model: &str,
+    stream: bool,
+) -> Result<Response, ApiError> {
+    if response.status() != StatusCode::OK {
+        return Ok(response);
+    }
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if stream {
+        let events = EventStream {
+            inner: body.into_data_stream(),
+            parser: SseParser::new(),
+            events: Events::new(echo, model),
+            started: false,
+            ended: false,
+            closed: false,
+        };
+        return Ok(Response::from_parts(parts, Body::from_stream(events)));
+    }
+    let bytes = http_body_util::Limited::new(body, MAX_ANSWER_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "could not read the chat answer back");
+            ApiError::Internal
+        })?
+        .to_bytes();
+    let completion: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        tracing::error!(error = %e, "the chat answer is not JSON");
+        ApiError::Internal
+    })?;
+    let body = serde_json::to_vec(&from_completion(&completion, &echo)).map_err(|_| ApiError::Internal)?;
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(Response::from_parts(parts, Body::from(body)))
+}
+
+/// The chat stream's body, read as it comes and given out as Responses
+/// events. Dropping it drops the chat stream, which records the reply as
+/// cut where the client stopped, as in chat.
+struct EventStream {
+    inner: BodyDataStream,
+    parser: SseParser,
+    events: Events,
+    started: bool,
+    /// The chat stream said how it ended: `[DONE]`, or an error event.
+    ended: bool,
+    closed: bool,
+}
+
+impl EventStream {
+    /// The events the chat stream's complete SSE events give.
+    fn take(&mut self) -> String {
+        let mut out = String::new();
+        while let Some(event) = self.parser.next_event() {
+            if self.ended {
+                continue;
+            }
+            let data = event.data.trim();
+            let translated = if data == "[DONE]" {
+                self.ended = true;
+                self.events.finish()
+            } else {
+                match serde_json::from_str::<Value>(data) {
+                    Ok(v) if v.get("error").is_some() => {
+                        // recall's own error event (a broken stream, a
+                        // reply not stored) or the upstream's.
+                        self.ended = true;
+                        let e = &v["error"];
+                        self.events.failed(
+                            e["code"].as_str().unwrap_or("server_error"),
+                            e["message"].as_str().unwrap_or("the stream failed"),
+                        )
+                    }
+                    Ok(chunk) => self.events.chunk(&chunk),
+                    Err(_) => Vec::new(),
+                }
+            };
+            for e in &translated {
+                out.push_str(&sse(e));
+            }
+        }
+        out
+    }
+}
+
+impl Stream for EventStream {
+    type Item = Result<Bytes, axum::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if !this.started {
+            this.started = true;
+            let start: String = this.events.start().iter().map(sse).collect();
+            return Poll::Ready(Some(Ok(Bytes::from(start))));
+        }
+        loop {
+            if this.closed {
+                return Poll::Ready(None);
+            }
+            match std::task::ready!(Pin::new(&mut this.inner).poll_next(cx)) {
+                Some(Ok(bytes)) => {
+                    this.parser.feed(&bytes);
+                    let out = this.take();
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Bytes::from(out))));
+                    }
+                }
+                Some(Err(e)) => {
+                    this.closed = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => {
+                    this.closed = true;
+                    if this.ended {
+                        return Poll::Ready(None);
+                    }
+                    // Ended without `[DONE]`: complete if the upstream said
+                    // how it finished, else cut (a newer request, the
+                    // interrupt endpoint).
+                    let last = if this.events.finished() {
+                        this.events.finish()
+                    } else {
+                        this.events.incomplete("interrupted")
+                    };
+                    let out: String = last.iter().map(sse).collect();
+                    return Poll::Ready(Some(Ok(Bytes::from(out))));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! `POST /v1/responses`: a Responses request run through the chat path.
+//!
+//! translate → the session it continues (a chain, a conversation, or
+//! nothing kept) → its input marked as the response → the chat path
+//! (window, vendor mode, interruptions, cache, metrics) → the answer
+//! translated back. Everything that can reject the request happens before
+//! the session is touched.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::Extension;
+use serde_json::{json, Map, Value};
+
+use super::ids;
+use super::request::translate;
+use super::response::{Echo, ECHOED};
+use crate::api::auth::Access;
+use crate::api::chat::{self, Joining, Target, Turn};
+use crate::api::observe::ServedBy;
+use crate::api::PathParams;
+use crate::error::{ApiError, NotFound, RequestError};
+use crate::memory::chain;
+use crate::memory::session;
+use crate::server::app::App;
+
+pub async fn create(
+    State(app): State<Arc<App>>,
+    PathParams(path): PathParams,
+    served: Option<Extension<ServedBy>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let access = app.client_access(&headers)?;
+    let slot = app.upstream_slot()?;
+    let headers = chat::without_client_key(&app, headers);
+    let bytes = crate::api::read_body(&app, body).await?;
+    let arrived = tokio::time::Instant::now();
+    let body = chat::parse_body(&bytes)?;
+    let fields: Map<String, Value> = ECHOED
+        .iter()
+        .filter_map(|k| Some(((*k).to_owned(), body.get(*k)?.clone())))
+        .collect();
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let instructions = body
+        .get("instructions")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let t = translate(body)?;
+    let chat::ChatRequest {
+        body: chat_body,
+        mut messages,
+    } = chat::request_of(t.chat, app.config.server.max_request_messages)?;
+    let conversation = match (&t.conversation, path_session(&path)?) {
+        (Some(id), _) => Some((id.clone(), true)),
+        (None, Some(id)) if t.previous_response_id.is_none() => Some((id, false)),
+        _ => None,
+    };
+
+    let now_ms = app.policy.clock.now_ms();
+    let key = ids::new_key();
+    let input_items = messages.iter().filter(|m| !m.is_instruction()).count();
+    let Some(first) = messages.iter_mut().find(|m| !m.is_instruction()) else {
+        return Err(RequestError::invalid(
+            "`input` must hold at least one message or function call output",
+            Some("input"),
+        )
+        .into());
+    };
+    let mut record = fields.clone();
+    record.insert("key".into(), json!(key));
+    record.insert("input_items".into(), json!(input_items));
+    record.insert("created_at".into(), json!(now_ms / 1000));
+    record.insert("model".into(), json!(model));
+    for (k, v) in [
+        ("previous_response_id", t.previous_response_id.clone()),
+        ("conversation", conversation.as_ref().map(|(id, _)| id.clone())),
+        ("instructions", instructions.clone()),
+    ] {
+        if let Some(v) = v {
+            record.insert(k.into(), json!(v));
+        }
+    }
+    if let Some(md) = &t.metadata {
+        record.insert("metadata".into(), md.clone());
+    }
+    chain::mark(first, record);
+
+    let target = target(
+        &app,
+        &access,
+        t.previous_response_id.as_deref(),
+        t.store,
+        conversation.as_ref(),
+    )
+    .await?;
+    let turn = Turn {
+        access: access.clone(),
+        slot,
+        headers,
+        arrived,
+        body: chat_body,
+        messages,
+        session: Some(target),
+        served: served.map(|Extension(s)| s),
+    };
+    let ran = chat::run(&app, turn).await?;
+    let internal = ran.session.unwrap_or_default();
+    let session = access.show(&internal).unwrap_or(&internal);
+    let echo = Echo {
+        id: ids::response(session, &key),
+        items: ids::items_base(session, ran.reply_seq),
+        created_at: now_ms / 1000,
+        previous_response_id: t.previous_response_id,
+        conversation: conversation.map(|(id, _)| id),
+        instructions,
+        metadata: t.metadata,
+        store: t.store,
+        fields,
+    };
+    super::answer::translate(ran.response, echo, &model, t.stream).await
+}
+
+/// The session of the path form (`/sessions/{id}/v1/responses`), which is
+/// a conversation created on first use, as chat's path form is.
+fn path_session(path: &HashMap<String, String>) -> Result<Option<String>, ApiError> {
+    let Some(id) = path.get("session_id") else {
+        return Ok(None);
+    };
+    session::validate_id(id).map_err(|msg| RequestError::invalid(msg, Some("session_id")))?;
+    Ok(Some(id.clone()))
+}
+
+/// Where the response runs: its conversation, the chain of its previous
+/// response (or a fork of it), a new chain, or, with `store: false`, a
+/// session outside the store that starts from what it continues.
+async fn target(
+    app: &App,
+    access: &Access,
+    previous: Option<&str>,
+    store: bool,
+    conversation: Option<&(String, bool)>,
+) -> Result<Target, ApiError> {
+    let conversation_missing = |id: &str| NotFound {
+        what: "Conversation",
+        id: id.to_owned(),
+        param: Some("conversation"),
+        code: "conversation_not_found",
+    };
+    let (id, joins, missing) = if let Some((id, must_exist)) = conversation {
+        session::validate_id(id).map_err(|_| conversation_missing(id))?;
+        let missing = must_exist.then(|| conversation_missing(id));
+        (access.internal(id).into_owned(), None, missing)
+    } else if let Some(previous) = previous {
+        let missing = NotFound {
+            what: "Previous response",
+            id: previous.to_owned(),
+            param: Some("previous_response_id"),
+            code: "previous_response_not_found",
+        };
+        let (session, key) = ids::parse_response(previous).ok_or_else(|| missing.clone())?;
+        (
+            access.internal(&session).into_owned(),
+            Some(key.to_owned()),
+            Some(missing),
+        )
+    } else {
+        let id = ids::new_session("chain");
+        (access.internal(&id).into_owned(), None, None)
+    };
+    if !store {
+        // Nothing is kept: the turn runs on a copy of what it continues.
+        let history = match &missing {
+            None => Vec::new(),
+            Some(missing) => {
+                let session = app
+                    .sessions
+                    .find(&id, &app.policy.storage)
+                    .await?
+                    .ok_or_else(|| missing.clone())?;
+                session
+                    .branch(joins.as_deref())
+                    .ok_or_else(|| missing.clone())?
+            }
+        };
+        let unstored = access
+            .internal(&ids::new_session("unstored"))
+            .into_owned();
+        return Ok(Target {
+            id: unstored,
+            joins: Joining::Unstored(history),
+            missing: None,
+        });
+    }
+    let joins = match joins {
+        Some(response) => Joining::After {
+            response,
+            fork_to: access.internal(&ids::new_session("chain")).into_owned(),
+        },
+        None => Joining::Append,
+    };
+    Ok(Target { id, joins, missing })
+}
+

@@ -1,0 +1,88 @@
+//! The ids the Responses and Conversations APIs hand out. A response's
+//! id names the session it is kept in (`resp_<session>_<key>`, the
+//! session's id base64url-encoded as the client knows it, and the key its
+//! mark holds), and an item's id names its message (`msg_<session>_<seq>_<n>`),
+//! so a lookup needs no index beside the sessions: on a Redis Cluster
+//! everything about a response stays in its session's slot. Ids are not
+//! secrets; a tenant's ids resolve only among its own sessions.
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use ring::rand::SecureRandom;
+
+/// `n` random bytes as hex (a counter's worth of uniqueness without
+/// system randomness, which never fails on Linux).
+fn random_hex(n: usize) -> String {
+    let mut bytes = vec![0u8; n];
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let at = crate::clock::now_ms() as u64;
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        bytes = [at.to_be_bytes(), k.to_be_bytes()].concat();
+        bytes.truncate(n);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A new session's id for a response chain (`chain_...`) or a
+/// conversation (`conv_...`).
+pub fn new_session(kind: &str) -> String {
+    format!("{kind}_{}", random_hex(12))
+}
+
+/// A response's key within its session.
+pub fn new_key() -> String {
+    random_hex(8)
+}
+
+pub fn response(session: &str, key: &str) -> String {
+    format!("resp_{}_{key}", URL_SAFE_NO_PAD.encode(session))
+}
+
+/// The session (as the client knows it) and key a response id names.
+pub fn parse_response(id: &str) -> Option<(String, &str)> {
+    let (session, key) = id.strip_prefix("resp_")?.rsplit_once('_')?;
+    Some((decode(session)?, key))
+}
+
+/// What item ids of the message at `seq` start with.
+pub fn items_base(session: &str, seq: u64) -> String {
+    format!("{}_{seq}", URL_SAFE_NO_PAD.encode(session))
+}
+
+pub fn item(kind: &str, base: &str, n: usize) -> String {
+    format!("{kind}_{base}_{n}")
+}
+
+/// The session, sequence number and part an item id names.
+pub fn parse_item(id: &str) -> Option<(String, u64, usize)> {
+    let (_, rest) = id.split_once('_')?;
+    let (rest, n) = rest.rsplit_once('_')?;
+    let (session, seq) = rest.rsplit_once('_')?;
+    Some((decode(session)?, seq.parse().ok()?, n.parse().ok()?))
+}
+
+fn decode(b64: &str) -> Option<String> {
+    let bytes = URL_SAFE_NO_PAD.decode(b64).ok()?;
+    let id = String::from_utf8(bytes).ok()?;
+    crate::memory::session::validate_id(&id).ok()?;
+    Some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_their_session_and_read_back() {
+        let id = response("a_b-c:d@e", "00ff");
+        assert!(id.starts_with("resp_"));
+        assert_eq!(parse_response(&id), Some(("a_b-c:d@e".into(), "00ff")));
+        let item = item("fc", &items_base("conv_1", 42), 3);
+        assert_eq!(parse_item(&item), Some(("conv_1".into(), 42, 3)));
+        assert_eq!(parse_response("resp_!!_1"), None);
+        assert_eq!(parse_item("msg_x"), None);
+        assert_ne!(new_session("chain"), new_session("chain"));
+        assert_eq!(new_key().len(), 16);
+    }
+}

@@ -1,0 +1,202 @@
+//! Responses in a session's history (issue 17). A response is kept as a
+//! mark on the first message of its input (`metadata.response`: its key,
+//! the last part of its id; how many input messages it has; and what the
+//! Response echoes), so it
+//! is stored, forked, trimmed and deleted with the messages, on every
+//! backend, with no record of its own. Its output is the assistant
+//! messages after its input. Pure: where a response is, and whether a
+//! request that continues from it appends or forks.
+
+use std::borrow::Borrow;
+use std::ops::Range;
+
+use serde_json::{Map, Value};
+
+use super::interruption;
+use super::message::{Message, Role};
+
+/// The metadata key of a response's mark.
+pub const KEY: &str = "response";
+
+/// Marks `m` as the first input message of a response. `record` holds
+/// `key` and `input_items` (how many messages the input is), and what the
+/// Response echoes.
+pub fn mark(m: &mut Message, record: Map<String, Value>) {
+    m.metadata_mut().insert(KEY, Value::Object(record));
+}
+
+/// The response `m` opens, if any.
+pub fn record(m: &Message) -> Option<&Map<String, Value>> {
+    m.metadata.as_ref()?.get(KEY)?.as_object()
+}
+
+/// The key of the response `m` opens.
+pub fn key_of(m: &Message) -> Option<&str> {
+    record(m)?.get("key")?.as_str()
+}
+
+/// Where a response sits in a history, by index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub input: Range<usize>,
+    /// Its replies: the assistant messages after the input, up to the next
+    /// client message or response (empty while the reply is in flight).
+    pub output: Range<usize>,
+}
+
+pub fn find<H: Borrow<Message>>(history: &[H], key: &str) -> Option<Span> {
+    let start = history
+        .iter()
+        .position(|m| key_of(m.borrow()) == Some(key))?;
+    let count = record(history[start].borrow())
+        .and_then(|r| r.get("input_items"))
+        .and_then(Value::as_u64)
+        .unwrap_or(1) as usize;
+    // The input is its own messages only: it ends early at another mark.
+    let mut end = start + 1;
+    while end < history.len() && end < start + count.max(1) && key_of(history[end].borrow()).is_none()
+    {
+        end += 1;
+    }
+    let mut out = end;
+    while out < history.len() {
+        let m = history[out].borrow();
+        if m.role != Role::Assistant || key_of(m).is_some() {
+            break;
+        }
+        out += 1;
+    }
+    Some(Span {
+        input: start..end,
+        output: end..out,
+    })
+}
+
+/// What continuing from a response does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Position {
+    /// No such response in this history.
+    Unknown,
+    /// Nothing the client can see follows it: the new input is appended.
+    Newest,
+    /// Later messages follow: the new response forks, seeing the history
+    /// up to `end` (exclusive) and none of what follows.
+    Older { end: usize },
+}
+
+pub fn position<H: Borrow<Message>>(history: &[H], key: &str) -> Position {
+    let Some(span) = find(history, key) else {
+        return Position::Unknown;
+    };
+    let end = span.output.end;
+    let later = history[end..]
+        .iter()
+        .any(|m| !interruption::is_superseded(m.borrow()));
+    // As in OpenAI's API, continuing a conversation's response by its id
+    // leaves the conversation as it is.
+    let in_conversation = record(history[span.input.start].borrow())
+        .and_then(|r| r.get("conversation"))
+        .is_some_and(|c| !c.is_null());
+    if later || in_conversation {
+        Position::Older { end }
+    } else {
+        Position::Newest
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn marked(role: Role, text: &str, id: &str, items: u64) -> Message {
+        let mut m = Message::new(role, text);
+        let Value::Object(r) = json!({"key": id, "input_items": items}) else {
+            unreachable!()
+        };
+        mark(&mut m, r);
+        m
+    }
+
+    fn chain() -> Vec<Message> {
+        vec![
+            marked(Role::User, "one", "r1", 1),
+            Message::new(Role::Assistant, "a1"),
+            marked(Role::User, "two", "r2", 2),
+            Message::new(Role::User, "two, more"),
+            Message::new(Role::Assistant, "a2"),
+        ]
+    }
+
+    #[test]
+    fn a_response_spans_its_input_and_the_replies_after_it() {
+        let h = chain();
+        assert_eq!(
+            find(&h, "r1"),
+            Some(Span {
+                input: 0..1,
+                output: 1..2
+            })
+        );
+        assert_eq!(
+            find(&h, "r2"),
+            Some(Span {
+                input: 2..4,
+                output: 4..5
+            })
+        );
+        assert_eq!(find(&h, "r3"), None);
+    }
+
+    #[test]
+    fn the_newest_response_appends_and_an_older_one_forks_at_its_end() {
+        let h = chain();
+        assert_eq!(position(&h, "r2"), Position::Newest);
+        assert_eq!(position(&h, "r1"), Position::Older { end: 2 });
+        assert_eq!(position(&h, "nope"), Position::Unknown);
+    }
+
+    #[test]
+    fn a_reply_still_in_flight_leaves_its_response_the_newest() {
+        let mut h = chain();
+        h.push(marked(Role::User, "three", "r3", 1));
+        assert_eq!(position(&h, "r3"), Position::Newest);
+        assert_eq!(find(&h, "r3").map(|s| s.output), Some(6..6));
+    }
+
+    #[test]
+    fn superseded_messages_after_a_response_do_not_make_it_older() {
+        let mut h = chain();
+        let mut gone = Message::new(Role::User, "edited away");
+        interruption::supersede(&mut gone, 1);
+        h.push(gone);
+        assert_eq!(position(&h, "r2"), Position::Newest);
+        // A chat turn after it (one memory, two APIs) does.
+        h.push(Message::new(Role::User, "from chat"));
+        assert_eq!(position(&h, "r2"), Position::Older { end: 5 });
+    }
+
+    #[test]
+    fn a_response_of_a_conversation_is_continued_by_its_id_in_a_fork() {
+        let mut h = chain();
+        let mut m = Message::new(Role::User, "in a conversation");
+        let Value::Object(r) = json!({"key": "c1", "input_items": 1, "conversation": "conv_1"})
+        else {
+            unreachable!()
+        };
+        mark(&mut m, r);
+        h.push(m);
+        h.push(Message::new(Role::Assistant, "a3"));
+        assert_eq!(position(&h, "c1"), Position::Older { end: 7 });
+    }
+
+    #[test]
+    fn an_input_count_past_the_next_mark_stops_there() {
+        let mut h = chain();
+        // A record that claims more input than there is before r2.
+        h[0] = marked(Role::User, "one", "r1", 5);
+        h.remove(1);
+        assert_eq!(find(&h, "r1").map(|s| s.input), Some(0..1));
+    }
+}
