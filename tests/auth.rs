@@ -231,3 +231,64 @@ async fn configured_but_missing_keys_stop_the_start() {
         "{err}"
     );
 }
+
+async fn responses_as(h: &Harness, key: &str, body: Value) -> (u16, Value) {
+    let resp = h
+        .client
+        .post(format!("{}/v1/responses", h.url))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn get_as(h: &Harness, key: &str, path: &str) -> (u16, Value) {
+    let resp = h
+        .client
+        .get(format!("{}{path}", h.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_tenants_responses_and_conversations_are_a_404_to_another() {
+    let h = keyed("responses", "").await;
+    let (status, r) = responses_as(&h, KEY_A, json!({"model": "m", "input": "mine"})).await;
+    assert_eq!(status, 200, "{r}");
+    let id = r["id"].as_str().unwrap();
+    let (status, _) = get_as(&h, KEY_A, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 200);
+    let (status, err) = get_as(&h, KEY_B, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 404, "{err}");
+    let (status, _) = responses_as(
+        &h,
+        KEY_B,
+        json!({"model": "m", "input": "x", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    // A conversation of A's, by its id.
+    chat_as(&h, Some(KEY_A), "a-talk", "hello").await;
+    let (status, _) = get_as(&h, KEY_A, "/v1/conversations/a-talk").await;
+    assert_eq!(status, 200);
+    let (status, _) = get_as(&h, KEY_B, "/v1/conversations/a-talk").await;
+    assert_eq!(status, 404);
+    let (status, _) = responses_as(
+        &h,
+        KEY_B,
+        json!({"model": "m", "input": "x", "conversation": "a-talk"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    // The admin reaches A's under its internal id, as on the session API;
+    // without a key nothing is reached.
+    let (status, _) = get_as(&h, "nope", &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 401);
+}

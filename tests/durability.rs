@@ -93,6 +93,69 @@ async fn a_restart_keeps_history_system_messages_and_turn_ids() {
     assert_eq!(list["data"][0]["message_count"], 6);
 }
 
+#[tokio::test]
+async fn a_restart_keeps_response_chains_and_conversations() {
+    if !runs_here() {
+        return;
+    }
+    let db = temp_db("responses");
+    let upstream = MockUpstream::start().await;
+    let first = in_process(&db, &upstream).await;
+    let post = |h: &Harness, path: &str, body: Value| {
+        let req = h.client.post(format!("{}{path}", h.url)).json(&body);
+        async move {
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let r1 = post(
+        &first,
+        "/v1/responses",
+        json!({"model": "m", "input": "one"}),
+    )
+    .await;
+    let c = post(
+        &first,
+        "/v1/conversations",
+        json!({"metadata": {"k": "v"},
+        "items": [{"role": "user", "content": "remember me"}]}),
+    )
+    .await;
+    first.app.wind_down().await;
+
+    let second = in_process(&db, &upstream).await;
+    let path = format!("/v1/responses/{}", r1["id"].as_str().unwrap());
+    let (status, got) = second.api(Method::GET, &path, None).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["output"][0]["content"][0]["text"], "reply 1");
+    post(
+        &second,
+        "/v1/responses",
+        json!({"model": "m", "input": "two", "previous_response_id": r1["id"]}),
+    )
+    .await;
+    assert_eq!(
+        upstream.last().transcript(),
+        ["user: one", "assistant: reply 1", "user: two"]
+    );
+    let id = c["id"].as_str().unwrap();
+    let (_, got) = second
+        .api(Method::GET, &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(got["metadata"], json!({"k": "v"}));
+    post(
+        &second,
+        "/v1/responses",
+        json!({"model": "m", "input": "who?", "conversation": id}),
+    )
+    .await;
+    assert_eq!(
+        upstream.last().transcript(),
+        ["user: remember me", "user: who?"]
+    );
+}
+
 /// A recall process on a config of its own.
 struct Process {
     child: Child,

@@ -714,3 +714,75 @@ async fn a_write_for_an_ended_session_does_not_land_in_its_successor() {
     assert_eq!(texts, [serde_json::json!("second")]);
     assert_eq!((stored.meta.created_ms, stored.version), (5, 2));
 }
+
+async fn respond(h: &Harness, body: serde_json::Value) -> serde_json::Value {
+    let resp = h
+        .client
+        .post(format!("{}/v1/responses", h.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_response_chain_and_a_conversation_go_on_from_either_replica() {
+    let Some((a, b, upstream)) = pair("").await else {
+        return;
+    };
+    let r1 = respond(&a, json!({"model": "m", "input": "one"})).await;
+    let r2 = respond(
+        &b,
+        json!({"model": "m", "input": "two", "previous_response_id": r1["id"]}),
+    )
+    .await;
+    let r3 = respond(
+        &a,
+        json!({"model": "m", "input": "three", "previous_response_id": r2["id"]}),
+    )
+    .await;
+    assert_eq!(
+        upstream.last().transcript(),
+        [
+            "user: one",
+            "assistant: reply 1",
+            "user: two",
+            "assistant: reply 2",
+            "user: three"
+        ]
+    );
+    // A fork made on B from a response A answered.
+    respond(
+        &b,
+        json!({"model": "m", "input": "two, otherwise", "previous_response_id": r1["id"]}),
+    )
+    .await;
+    assert_eq!(
+        upstream.last().transcript(),
+        ["user: one", "assistant: reply 1", "user: two, otherwise"]
+    );
+    let path = format!("/v1/responses/{}", r3["id"].as_str().unwrap());
+    let (status, got) = b.api(Method::GET, &path, None).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["output"][0]["content"][0]["text"], "reply 3");
+
+    let (_, c) = a
+        .api(
+            Method::POST,
+            "/v1/conversations",
+            Some(json!({"metadata": {"k": "v"}})),
+        )
+        .await;
+    let id = c["id"].as_str().unwrap();
+    respond(&b, json!({"model": "m", "input": "hi", "conversation": id})).await;
+    let (_, c) = b
+        .api(Method::GET, &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(c["metadata"], json!({"k": "v"}));
+    let (_, items) = a
+        .api(Method::GET, &format!("/v1/conversations/{id}/items"), None)
+        .await;
+    assert_eq!(items["data"].as_array().unwrap().len(), 2, "{items}");
+}

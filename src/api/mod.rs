@@ -6,7 +6,7 @@ pub(crate) mod chat;
 mod models;
 pub mod observe;
 pub mod responses;
-mod sessions;
+pub(crate) mod sessions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +31,7 @@ use subtle::ConstantTimeEq;
 pub use chat::{parse_request, ChatRequest};
 
 use crate::api::auth::Access;
+use crate::api::responses::conversations;
 use crate::error::{ApiError, RequestError};
 use crate::server::app::App;
 
@@ -70,6 +71,26 @@ fn v1(app: &Arc<App>) -> Router<Arc<App>> {
             get(sessions::system_messages).put(sessions::set_system_messages),
         )
         .route("/sessions/{id}/interrupt", post(sessions::interrupt))
+        .route(
+            "/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route("/responses/{id}/input_items", get(responses::input_items))
+        .route("/conversations", post(conversations::create))
+        .route(
+            "/conversations/{id}",
+            get(conversations::get)
+                .post(conversations::update)
+                .delete(conversations::delete),
+        )
+        .route(
+            "/conversations/{id}/items",
+            get(conversations::list_items).post(conversations::add_items),
+        )
+        .route(
+            "/conversations/{id}/items/{item_id}",
+            get(conversations::get_item).delete(conversations::delete_item),
+        )
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(app),
             session_api_access,

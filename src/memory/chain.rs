@@ -54,7 +54,9 @@ pub fn find<H: Borrow<Message>>(history: &[H], key: &str) -> Option<Span> {
         .unwrap_or(1) as usize;
     // The input is its own messages only: it ends early at another mark.
     let mut end = start + 1;
-    while end < history.len() && end < start + count.max(1) && key_of(history[end].borrow()).is_none()
+    while end < history.len()
+        && end < start + count.max(1)
+        && key_of(history[end].borrow()).is_none()
     {
         end += 1;
     }
@@ -103,7 +105,6 @@ pub fn position<H: Borrow<Message>>(history: &[H], key: &str) -> Position {
         Position::Newest
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -17,6 +17,10 @@ pub struct Meta {
     pub first_seq: u64,
     pub users: Vec<String>,
     pub system_messages: Vec<Message>,
+    /// A conversation's `metadata` (the Conversations API): up to 16
+    /// string pairs, kept as the client set them.
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A session as read back from storage.

@@ -22,12 +22,12 @@ use request::{
     bypass_cache, idempotency_key, label_user, one_streamed_choice, retrying, session_id, user_id,
     CACHE_HEADER,
 };
-pub use request::{parse_request, ChatRequest};
 pub(crate) use request::{parse_body, request_of};
+pub use request::{parse_request, ChatRequest};
 
+use super::auth::Access;
 use super::observe::ServedBy;
 use super::PathParams;
-use super::auth::Access;
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::message::{Message, Role};
 use crate::memory::reconcile;
@@ -113,7 +113,10 @@ pub(crate) enum Joining {
     Append,
     /// After a response; if later messages follow it, the turn forks into
     /// a new session under `fork_to`.
-    After { response: String, fork_to: String },
+    After {
+        response: String,
+        fork_to: String,
+    },
     /// A session outside the store that starts from this history and
     /// records nothing.
     Unstored(Vec<Arc<Message>>),

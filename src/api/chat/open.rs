@@ -157,7 +157,10 @@ async fn open_in(
                         })
                     }
                     Refused::NotEmpty => {
-                        tracing::error!(session = id, "a fork's new session already holds messages");
+                        tracing::error!(
+                            session = id,
+                            "a fork's new session already holds messages"
+                        );
                         return Err(ApiError::Internal);
                     }
                 }

@@ -57,7 +57,8 @@ pub async fn translate(
         tracing::error!(error = %e, "the chat answer is not JSON");
         ApiError::Internal
     })?;
-    let body = serde_json::to_vec(&from_completion(&completion, &echo)).map_err(|_| ApiError::Internal)?;
+    let body =
+        serde_json::to_vec(&from_completion(&completion, &echo)).map_err(|_| ApiError::Internal)?;
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

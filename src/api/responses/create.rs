@@ -82,7 +82,10 @@ pub async fn create(
     record.insert("model".into(), json!(model));
     for (k, v) in [
         ("previous_response_id", t.previous_response_id.clone()),
-        ("conversation", conversation.as_ref().map(|(id, _)| id.clone())),
+        (
+            "conversation",
+            conversation.as_ref().map(|(id, _)| id.clone()),
+        ),
         ("instructions", instructions.clone()),
     ] {
         if let Some(v) = v {
@@ -191,9 +194,7 @@ async fn target(
                     .ok_or_else(|| missing.clone())?
             }
         };
-        let unstored = access
-            .internal(&ids::new_session("unstored"))
-            .into_owned();
+        let unstored = access.internal(&ids::new_session("unstored")).into_owned();
         return Ok(Target {
             id: unstored,
             joins: Joining::Unstored(history),
@@ -209,4 +210,3 @@ async fn target(
     };
     Ok(Target { id, joins, missing })
 }
-

@@ -112,7 +112,10 @@ pub fn echo_of(record: &Map<String, Value>, id: &str, items: String) -> Echo {
     Echo {
         id: id.to_owned(),
         items,
-        created_at: record.get("created_at").and_then(Value::as_i64).unwrap_or(0),
+        created_at: record
+            .get("created_at")
+            .and_then(Value::as_i64)
+            .unwrap_or(0),
         previous_response_id: text("previous_response_id"),
         conversation: text("conversation"),
         instructions: text("instructions"),
@@ -169,7 +172,11 @@ pub fn response<H: Borrow<Message>>(
     }
     if span.output.is_empty() {
         // The reply is still in flight, or was never recorded.
-        status = if in_flight { "in_progress" } else { "incomplete" };
+        status = if in_flight {
+            "in_progress"
+        } else {
+            "incomplete"
+        };
     }
     r["status"] = json!(status);
     r["incomplete_details"] = incomplete;
@@ -230,7 +237,10 @@ mod tests {
 
         let h = vec![marked("tell me")];
         let span = chain::find(&h, "k1").unwrap();
-        assert_eq!(response(&h, 0, &span, "s", true).unwrap()["status"], "in_progress");
+        assert_eq!(
+            response(&h, 0, &span, "s", true).unwrap()["status"],
+            "in_progress"
+        );
     }
 
     #[test]
@@ -246,7 +256,10 @@ mod tests {
                    {"type": "image_url", "image_url": {"url": "data:x"}}]),
         );
         let items = of_message(&user, "b_2");
-        assert_eq!(items[0]["content"][0], json!({"type": "input_text", "text": "see"}));
+        assert_eq!(
+            items[0]["content"][0],
+            json!({"type": "input_text", "text": "see"})
+        );
         assert_eq!(items[0]["content"][1]["type"], "input_image");
     }
 }

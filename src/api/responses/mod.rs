@@ -13,14 +13,17 @@
 //! Conversations API.
 
 mod answer;
+pub mod conversations;
 mod create;
 pub mod events;
 pub mod ids;
 pub mod items;
+mod read;
 pub mod request;
 pub mod response;
 
 pub use create::create;
+pub use read::{delete, get, input_items};
 
 #[cfg(test)]
 mod tests;

@@ -112,7 +112,7 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
         Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                input_item(item, i, &mut messages)?;
+                input_item(item, format!("input[{i}]"), &mut messages)?;
             }
         }
         None | Some(Value::Null) => {}
@@ -165,6 +165,16 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
     })
 }
 
+/// The Conversations API's `items` as chat messages (`param` names the
+/// list in errors).
+pub fn items_to_messages(items: &[Value], param: &str) -> Result<Vec<Value>, RequestError> {
+    let mut messages = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        input_item(item, format!("{param}[{i}]"), &mut messages)?;
+    }
+    Ok(messages)
+}
+
 fn refuse(message: impl Into<String>, param: &str) -> RequestError {
     RequestError::invalid(message, Some(param))
 }
@@ -186,8 +196,7 @@ fn flag(body: &Map<String, Value>, key: &str, default: bool) -> Result<bool, Req
 }
 
 /// One input item, appended to `messages` as chat messages.
-fn input_item(item: &Value, i: usize, messages: &mut Vec<Value>) -> Result<(), RequestError> {
-    let param = format!("input[{i}]");
+fn input_item(item: &Value, param: String, messages: &mut Vec<Value>) -> Result<(), RequestError> {
     let Some(item) = item.as_object() else {
         return Err(refuse(format!("`{param}` must be an object"), &param));
     };

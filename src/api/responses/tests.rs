@@ -1,7 +1,7 @@
 use serde_json::{json, Map, Value};
 
-use super::request::{translate, Translated};
 use super::ids;
+use super::request::{translate, Translated};
 use super::response::{from_completion, Echo};
 use crate::error::RequestError;
 use crate::memory::message::parse_messages;

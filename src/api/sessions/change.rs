@@ -52,7 +52,9 @@ pub async fn append(
         s.append_messages(&app.policy, messages.clone(), app.policy.clock.now_ms())
     })
     .await?;
-    Ok(Json(json!({"session_id": target.name, "messages": stored})))
+    Ok(Json(
+        json!({"session_id": target.name, "messages": stored.messages}),
+    ))
 }
 
 /// `DELETE /v1/sessions/{id}/history`: clears the history (seed 003's

@@ -52,7 +52,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Target {
     }
 }
 
-async fn existing(app: &App, target: &Target) -> Result<Arc<Session>, ApiError> {
+pub(crate) async fn existing(app: &App, target: &Target) -> Result<Arc<Session>, ApiError> {
     app.sessions
         .find(&target.id, &app.policy.storage)
         .await?
@@ -82,7 +82,7 @@ async fn existing_or_new(app: &App, target: &Target) -> Result<Arc<Session>, Api
 /// How a write treats a reply in flight: interrupt it (an operator's
 /// write wins), follow `on_new_request` (like a new turn), or wait for it.
 #[derive(Clone, Copy)]
-enum Turns {
+pub(crate) enum Turns {
     Interrupt,
     AsConfigured,
     Wait,
@@ -92,7 +92,7 @@ enum Turns {
 /// it is durable, and answers with the session and the write's result. A
 /// session that ended under the write is looked up again. With shared
 /// storage the write holds the session's lease, like a turn.
-async fn write<T>(
+pub(crate) async fn write<T>(
     app: &App,
     target: &Target,
     create: bool,
@@ -175,7 +175,7 @@ fn refused(target: &Target, r: Refused) -> ApiError {
     }
 }
 
-async fn json_body(app: &App, body: Body) -> Result<Value, ApiError> {
+pub(crate) async fn json_body(app: &App, body: Body) -> Result<Value, ApiError> {
     let bytes = super::read_body(app, body).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
@@ -208,7 +208,7 @@ fn message_list(body: Value, keys: &[&str]) -> Result<Vec<Message>, ApiError> {
 }
 
 /// History holds the conversation; instructions go to `system_messages`.
-fn no_instructions(messages: &[Message]) -> Result<(), ApiError> {
+pub(crate) fn no_instructions(messages: &[Message]) -> Result<(), ApiError> {
     match messages.iter().position(Message::is_instruction) {
         Some(i) => Err(RequestError::invalid(
             format!("messages[{i}] is a {} message: set those with PUT /v1/sessions/{{id}}/system_messages", messages[i].role),

@@ -58,6 +58,14 @@ pub struct Ended {
     pub contents: Vec<Arc<Message>>,
 }
 
+/// Messages appended through an API, as stored, and the sequence number
+/// of the first.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub messages: Vec<Message>,
+    pub first_seq: u64,
+}
+
 impl Session {
     pub fn summary(&self) -> Summary {
         let st = self.state();
@@ -110,7 +118,7 @@ impl Session {
         policy: &Policy,
         mut messages: Vec<Message>,
         now_ms: i64,
-    ) -> Result<(Vec<Message>, Ticket), Refused> {
+    ) -> Result<(Appended, Ticket), Refused> {
         let mut st = self.settled(policy, policy.on_new_request)?;
         self.touch(now_ms);
         for m in messages.iter_mut().filter(|m| m.role == "assistant") {
@@ -124,8 +132,16 @@ impl Session {
         let mut ops: Vec<Op> = (from..st.messages.len())
             .map(|i| self.push_op(&st, i))
             .collect();
+        let first_seq = st.first_seq + from as u64;
         self.trim(&mut st, policy, &mut ops);
-        Ok((messages, self.persist(&mut st, policy, ops)))
+        let ticket = self.persist(&mut st, policy, ops);
+        Ok((
+            Appended {
+                messages,
+                first_seq,
+            },
+            ticket,
+        ))
     }
 
     /// Clears the history; the session and its system messages stay.

@@ -20,6 +20,7 @@
 //! map of sessions.
 
 mod admin;
+mod items;
 mod persist;
 mod record;
 mod reply;
@@ -30,7 +31,7 @@ mod turn;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use admin::{EndWhen, Ended, Summary};
+pub use admin::{Appended, EndWhen, Ended, Summary};
 pub use record::Interrupted;
 pub use reply::Reply;
 pub use store::Store;

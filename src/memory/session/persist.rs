@@ -24,6 +24,7 @@ impl Session {
             first_seq: st.first_seq,
             users: st.users.clone(),
             system_messages: st.system_messages.clone(),
+            metadata: st.metadata.clone(),
         }
     }
 

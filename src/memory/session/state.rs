@@ -25,6 +25,8 @@ pub(super) struct State {
     pub(super) system_messages: Vec<Message>,
     /// Users seen speaking in this session (the user header).
     pub(super) users: Vec<String>,
+    /// The conversation's metadata (`Meta::metadata`).
+    pub(super) metadata: serde_json::Map<String, serde_json::Value>,
     /// Set when the session ends; a request still holding it starts anew.
     pub(super) ended: bool,
     pub(super) incarnation: u64,
@@ -95,6 +97,7 @@ impl State {
             lease: None,
             system_messages: meta.system_messages,
             users: meta.users,
+            metadata: meta.metadata,
             ended: false,
             incarnation: next_incarnation(),
             window_from: meta.first_seq,

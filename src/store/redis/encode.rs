@@ -165,6 +165,7 @@ fn queue(
                     meta.first_seq.to_string(),
                     users,
                     system,
+                    serde_json::to_string(&meta.metadata).unwrap_or_else(|_| "{}".into()),
                 ],
             );
             indexed(pre, id, meta.last_active_ms);

@@ -276,7 +276,8 @@ fn parse_meta(meta: &HashMap<String, String>) -> Result<Meta, StorageError> {
         meta: &HashMap<String, String>,
         name: &str,
     ) -> Result<T, StorageError> {
-        let text = meta.get(name).map_or("[]", String::as_str);
+        let empty = if name == "metadata" { "{}" } else { "[]" };
+        let text = meta.get(name).map_or(empty, String::as_str);
         serde_json::from_str(text).map_err(|e| StorageError::Corrupt(format!("{name}: {e}")))
     }
     Ok(Meta {
@@ -286,5 +287,6 @@ fn parse_meta(meta: &HashMap<String, String>) -> Result<Meta, StorageError> {
         first_seq: field(meta, "first_seq").unwrap_or(0),
         users: json(meta, "users")?,
         system_messages: json(meta, "system_messages")?,
+        metadata: json(meta, "metadata")?,
     })
 }

@@ -50,6 +50,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
      ALTER TABLE sessions DROP COLUMN turn_id;
      ALTER TABLE sessions DROP COLUMN first_seq;
      CREATE INDEX session_state_by_activity ON session_state (last_active_ms);",
+    // 4: a conversation's metadata (the Conversations API).
+    "ALTER TABLE sessions ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'",
 ];
 
 pub(super) fn connect(path: &str) -> Result<Connection, StorageError> {
@@ -88,6 +90,7 @@ pub(super) fn meta_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MetaRes
 pub(super) fn meta_from_row_at(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<MetaResult> {
     let users: String = row.get(at + 4)?;
     let system: String = row.get(at + 5)?;
+    let metadata: String = row.get(at + 6)?;
     let parsed = (|| -> MetaResult {
         Ok(Meta {
             created_ms: row.get(at).map_err(StorageError::from)?,
@@ -97,6 +100,8 @@ pub(super) fn meta_from_row_at(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::
             users: serde_json::from_str(&users)
                 .map_err(|e| StorageError::Corrupt(e.to_string()))?,
             system_messages: serde_json::from_str(&system)
+                .map_err(|e| StorageError::Corrupt(e.to_string()))?,
+            metadata: serde_json::from_str(&metadata)
                 .map_err(|e| StorageError::Corrupt(e.to_string()))?,
         })
     })();

@@ -212,12 +212,15 @@ pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
                 let users = serde_json::to_string(&meta.users).unwrap_or_else(|_| "[]".into());
                 let system =
                     serde_json::to_string(&meta.system_messages).unwrap_or_else(|_| "[]".into());
+                let metadata =
+                    serde_json::to_string(&meta.metadata).unwrap_or_else(|_| "{}".into());
                 tx.prepare_cached(
-                    "INSERT INTO sessions (id, created_ms, users, system_messages)
-                     VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (id) DO UPDATE SET users = ?3, system_messages = ?4",
+                    "INSERT INTO sessions (id, created_ms, users, system_messages, metadata)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (id) DO UPDATE SET users = ?3, system_messages = ?4,
+                         metadata = ?5",
                 )?
-                .execute(params![id, meta.created_ms, users, system])?;
+                .execute(params![id, meta.created_ms, users, system, metadata])?;
                 tx.prepare_cached(
                     "INSERT INTO session_state (id, last_active_ms, turn_id, first_seq)
                      VALUES (?1, ?2, ?3, ?4)

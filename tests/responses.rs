@@ -1,0 +1,734 @@
+//! The Responses API over a chat upstream: what the upstream receives for
+//! chains, forks, `store: false`, conversations shared with chat, function
+//! calls and streams; what is stored; and the bad inputs, which change
+//! nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use recall::api::responses::ids;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+async fn respond(h: &Harness, body: Value) -> (u16, Value) {
+    let resp = h
+        .client
+        .post(format!("{}/v1/responses", h.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn ok(h: &Harness, body: Value) -> Value {
+    let (status, r) = respond(h, body).await;
+    assert_eq!(status, 200, "{r}");
+    r
+}
+
+/// The session a response is kept in.
+fn session_of(r: &Value) -> String {
+    ids::parse_response(r["id"].as_str().unwrap()).unwrap().0
+}
+
+fn output_text(r: &Value) -> String {
+    r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().unwrap().iter())
+        .filter_map(|p| p["text"].as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_chain_sends_the_window_and_keeps_instructions_to_their_own_response() {
+    let h = Harness::default().await;
+    let r1 = ok(
+        &h,
+        json!({"model": "m", "input": "My name is Ada.", "instructions": "Be brief."}),
+    )
+    .await;
+    assert_eq!(r1["object"], "response");
+    assert_eq!(r1["status"], "completed");
+    assert_eq!(output_text(&r1), "reply 1");
+    assert_eq!(r1["instructions"], "Be brief.");
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["system: Be brief.", "user: My name is Ada."]
+    );
+
+    let r2 = ok(
+        &h,
+        json!({"model": "m", "input": "What is my name?", "previous_response_id": r1["id"]}),
+    )
+    .await;
+    assert_eq!(r2["previous_response_id"], r1["id"]);
+    // Only the new input was sent; the upstream got the whole window, and
+    // the first response's instructions stayed with it.
+    assert_eq!(
+        h.upstream.last().transcript(),
+        [
+            "user: My name is Ada.",
+            "assistant: reply 1",
+            "user: What is my name?"
+        ]
+    );
+    let r3 = ok(
+        &h,
+        json!({"model": "m", "previous_response_id": r2["id"], "instructions": "In French.",
+               "input": [{"role": "user", "content": [{"type": "input_text", "text": "Again?"}]}]}),
+    )
+    .await;
+    assert_eq!(h.upstream.last().transcript().len(), 6);
+    assert_eq!(h.upstream.last().transcript()[0], "system: In French.");
+    assert_eq!(session_of(&r1), session_of(&r3), "one chain, one session");
+    assert_eq!(
+        h.transcript(&session_of(&r3)).await,
+        [
+            "user: My name is Ada.",
+            "assistant: reply 1",
+            "user: What is my name?",
+            "assistant: reply 2",
+            r#"user: [{"text":"Again?","type":"text"}]"#,
+            "assistant: reply 3"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn continuing_an_older_response_forks_and_leaves_the_other_branch_as_it_was() {
+    let h = Harness::default().await;
+    let r1 = ok(&h, json!({"model": "m", "input": "one"})).await;
+    let r2 = ok(
+        &h,
+        json!({"model": "m", "input": "two", "previous_response_id": r1["id"]}),
+    )
+    .await;
+    let fork = ok(
+        &h,
+        json!({"model": "m", "input": "two, otherwise", "previous_response_id": r1["id"]}),
+    )
+    .await;
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: one", "assistant: reply 1", "user: two, otherwise"]
+    );
+    assert_ne!(
+        session_of(&fork),
+        session_of(&r1),
+        "a fork is a session of its own"
+    );
+    // The first branch goes on as if the fork never happened.
+    ok(
+        &h,
+        json!({"model": "m", "input": "three", "previous_response_id": r2["id"]}),
+    )
+    .await;
+    assert_eq!(
+        h.upstream.last().transcript(),
+        [
+            "user: one",
+            "assistant: reply 1",
+            "user: two",
+            "assistant: reply 2",
+            "user: three"
+        ]
+    );
+    // And the fork goes on from itself.
+    ok(
+        &h,
+        json!({"model": "m", "input": "fork again", "previous_response_id": fork["id"]}),
+    )
+    .await;
+    assert_eq!(
+        h.upstream.last().transcript(),
+        [
+            "user: one",
+            "assistant: reply 1",
+            "user: two, otherwise",
+            "assistant: reply 3",
+            "user: fork again"
+        ]
+    );
+    // Responses of the first branch are still read from it.
+    let (status, got) = h
+        .api(
+            Method::GET,
+            &format!("/v1/responses/{}", r2["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(output_text(&got), "reply 2");
+}
+
+#[tokio::test]
+async fn store_false_runs_with_the_chains_context_and_records_nothing() {
+    let h = Harness::default().await;
+    let r1 = ok(&h, json!({"model": "m", "input": "one"})).await;
+    let before = h.app.sessions.len();
+    let r2 = ok(
+        &h,
+        json!({"model": "m", "input": "aside", "store": false, "previous_response_id": r1["id"]}),
+    )
+    .await;
+    assert_eq!(r2["store"], false);
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: one", "assistant: reply 1", "user: aside"]
+    );
+    assert_eq!(h.app.sessions.len(), before, "no session was made");
+    assert_eq!(
+        h.transcript(&session_of(&r1)).await,
+        ["user: one", "assistant: reply 1"]
+    );
+    let (status, _) = h
+        .api(
+            Method::GET,
+            &format!("/v1/responses/{}", r2["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    // r1 is still the newest of its chain: continuing it appends.
+    let r3 = ok(
+        &h,
+        json!({"model": "m", "input": "two", "previous_response_id": r1["id"]}),
+    )
+    .await;
+    assert_eq!(session_of(&r3), session_of(&r1));
+    // Without anything to continue, nothing is kept either.
+    ok(&h, json!({"model": "m", "input": "alone", "store": false})).await;
+    assert_eq!(h.upstream.last().transcript(), ["user: alone"]);
+    assert_eq!(h.app.sessions.len(), before);
+}
+
+#[tokio::test]
+async fn a_conversation_is_one_memory_for_chat_and_responses() {
+    let h = Harness::default().await;
+    h.say("talk", "hello from chat").await;
+    let r = ok(
+        &h,
+        json!({"model": "m", "input": "and from responses", "conversation": "talk"}),
+    )
+    .await;
+    assert_eq!(r["conversation"], json!({"id": "talk"}));
+    assert_eq!(
+        h.upstream.last().transcript(),
+        [
+            "user: hello from chat",
+            "assistant: reply 1",
+            "user: and from responses"
+        ]
+    );
+    // A chat client that resends everything it has seen adds only its new
+    // message.
+    let (status, _) = h
+        .chat(
+            Some("talk"),
+            json!({"model": "m", "messages": [user("hello from chat"), assistant("reply 1"),
+                   user("and from responses"), assistant("reply 2"), user("chat again")]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(h.transcript("talk").await.len(), 6);
+    // The conversation's items are the session's messages.
+    let (_, items) = h
+        .api(
+            Method::GET,
+            "/v1/conversations/talk/items?order=asc&limit=100",
+            None,
+        )
+        .await;
+    let kinds: Vec<_> = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            format!(
+                "{}:{}",
+                i["type"].as_str().unwrap(),
+                i["role"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(kinds.len(), 6, "{items}");
+    assert_eq!(kinds[0], "message:user");
+    assert_eq!(
+        items["data"][3]["id"], r["output"][0]["id"],
+        "one id per item, in both APIs"
+    );
+}
+
+#[tokio::test]
+async fn a_function_call_round_trip() {
+    let h = Harness::default().await;
+    h.upstream.push(Reply::Json {
+        status: 200,
+        body: json!({"id": "c", "object": "chat.completion", "model": "mock-model",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": null,
+                "tool_calls": [{"id": "call_7", "type": "function",
+                    "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}}]}}]}),
+        headers: vec![],
+    });
+    let tools = json!([{"type": "function", "name": "weather", "description": "the weather",
+                        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let r1 = ok(
+        &h,
+        json!({"model": "m", "input": "Weather in Paris?", "tools": tools}),
+    )
+    .await;
+    let sent = h.upstream.last().body;
+    assert_eq!(sent["tools"][0]["function"]["name"], "weather");
+    assert_eq!(r1["output"][0]["type"], "function_call");
+    assert_eq!(r1["output"][0]["call_id"], "call_7");
+    assert_eq!(r1["tools"], tools);
+
+    let r2 = ok(
+        &h,
+        json!({"model": "m", "previous_response_id": r1["id"], "tools": tools,
+               "input": [{"type": "function_call_output", "call_id": "call_7", "output": "22C"}]}),
+    )
+    .await;
+    let sent = h.upstream.last();
+    let msgs = sent.messages();
+    assert_eq!(msgs.len(), 3, "{msgs:?}");
+    assert_eq!(msgs[1]["tool_calls"][0]["id"], "call_7");
+    assert_eq!(msgs[2]["role"], "tool");
+    assert_eq!(msgs[2]["tool_call_id"], "call_7");
+    assert_eq!(output_text(&r2), "reply 2");
+}
+
+/// The SSE events of a Responses stream: (type, data).
+fn events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let kind = e.lines().find_map(|l| l.strip_prefix("event: ")).unwrap();
+            let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+            (kind.to_owned(), serde_json::from_str(data).unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stream_comes_as_responses_events_in_order_and_is_stored() {
+    let h = Harness::default().await;
+    h.upstream
+        .push(sse_text(&["Hel", "lo ", "there"], Duration::from_millis(5)));
+    let resp = h
+        .client
+        .post(format!("{}/v1/responses", h.url))
+        .json(&json!({"model": "m", "input": "hi", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    assert!(!body.contains("[DONE]"));
+    let evs = events(&body);
+    let kinds: Vec<&str> = evs.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    for (n, (kind, data)) in evs.iter().enumerate() {
+        assert_eq!(data["type"], kind.as_str());
+        assert_eq!(data["sequence_number"], n);
+    }
+    let done = &evs.last().unwrap().1["response"];
+    assert_eq!(output_text(done), "Hello there");
+    assert_eq!(done["usage"]["total_tokens"], 5);
+    let (status, got) = h
+        .api(
+            Method::GET,
+            &format!("/v1/responses/{}", done["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["status"], "completed");
+    assert_eq!(output_text(&got), "Hello there");
+    assert_eq!(got["output"][0]["id"], done["output"][0]["id"]);
+}
+
+#[tokio::test]
+async fn a_stream_cut_by_its_client_is_stored_as_an_interrupted_response() {
+    let h = Harness::default().await;
+    h.upstream.push(sse_text(
+        &["Once ", "upon ", "a ", "time ", "there ", "was"],
+        Duration::from_millis(150),
+    ));
+    let resp = h
+        .client
+        .post(format!("{}/v1/responses", h.url))
+        .json(&json!({"model": "m", "input": "tell me a story", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut stream: ByteStream = Box::pin(resp.bytes_stream());
+    let mut seen = String::new();
+    while !seen.contains("upon") {
+        let chunk = futures_util::StreamExt::next(&mut stream)
+            .await
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let id = events(&seen)[0].1["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    drop(stream);
+    let path = format!("/v1/responses/{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let got = loop {
+        let (_, got) = h.api(Method::GET, &path, None).await;
+        if got["status"] == "incomplete" {
+            break got;
+        }
+        assert!(std::time::Instant::now() < deadline, "{got}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(got["incomplete_details"]["reason"], "interrupted");
+    let heard = output_text(&got);
+    assert!(heard.starts_with("Once upon"), "{heard}");
+    assert_eq!(got["output"][0]["metadata"]["interrupted"], true);
+    // The next response continues from what was heard.
+    ok(
+        &h,
+        json!({"model": "m", "input": "go on", "previous_response_id": id}),
+    )
+    .await;
+    let sent = h.upstream.last().transcript();
+    assert!(sent[1].starts_with("assistant: Once upon"), "{sent:?}");
+    assert!(!sent[1].contains("was"), "{sent:?}");
+}
+
+#[tokio::test]
+async fn bad_inputs_are_refused_and_change_nothing() {
+    let h = Harness::default().await;
+    let r1 = ok(&h, json!({"model": "m", "input": "one"})).await;
+    let chain = session_of(&r1);
+    let calls = h.upstream.received().len();
+    let sessions = h.app.sessions.len();
+    let cases = [
+        (
+            json!({"model": "m", "input": "x", "previous_response_id": r1["id"], "conversation": chain}),
+            400,
+            "previous_response_id",
+        ),
+        (
+            json!({"model": "m", "input": "x", "previous_response_id": "resp_bm9uZQ_00"}),
+            404,
+            "previous_response_id",
+        ),
+        (
+            json!({"model": "m", "input": "x", "previous_response_id": "nonsense"}),
+            404,
+            "previous_response_id",
+        ),
+        (
+            json!({"model": "m", "input": "x", "conversation": "no-such"}),
+            404,
+            "conversation",
+        ),
+        (
+            json!({"model": "m", "input": [{"type": "computer_call"}]}),
+            400,
+            "input[0]",
+        ),
+        (
+            json!({"model": "m", "input": [{"role": "user"}]}),
+            400,
+            "input[0]",
+        ),
+        (
+            json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}),
+            400,
+            "tools[0]",
+        ),
+        (
+            json!({"model": "m", "input": "x", "background": true}),
+            400,
+            "background",
+        ),
+        (
+            json!({"model": "m", "instructions": "only instructions"}),
+            400,
+            "input",
+        ),
+    ];
+    for (body, status, param) in cases {
+        let (got, err) = respond(&h, body.clone()).await;
+        assert_eq!(got, status, "{body} -> {err}");
+        assert_eq!(err["error"]["param"], param, "{body} -> {err}");
+        assert!(err["error"]["message"].is_string());
+    }
+    // The previous response of another session, named by a valid id.
+    let other = ids::response(&chain, "0000");
+    let (got, _) = respond(
+        &h,
+        json!({"model": "m", "input": "x", "previous_response_id": other}),
+    )
+    .await;
+    assert_eq!(got, 404);
+    assert_eq!(
+        h.upstream.received().len(),
+        calls,
+        "the upstream was not called"
+    );
+    assert_eq!(h.app.sessions.len(), sessions, "no session was made");
+    assert_eq!(
+        h.transcript(&chain).await,
+        ["user: one", "assistant: reply 1"]
+    );
+}
+
+#[tokio::test]
+async fn a_response_is_read_listed_and_deleted() {
+    let h = Harness::default().await;
+    let r1 = ok(
+        &h,
+        json!({"model": "m", "metadata": {"k": "v"}, "input": [
+            {"role": "user", "content": "first"},
+            {"role": "user", "content": "second"},
+            {"role": "user", "content": "third"}]}),
+    )
+    .await;
+    let id = r1["id"].as_str().unwrap();
+    let (status, got) = h
+        .api(Method::GET, &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["metadata"], json!({"k": "v"}));
+    // The stored items also carry recall's fields (turn_id, timestamp, metadata).
+    assert_eq!(got["output"][0]["id"], r1["output"][0]["id"]);
+    assert_eq!(got["output"][0]["content"], r1["output"][0]["content"]);
+    assert_eq!(got["output"][0]["turn_id"], 3);
+
+    let (_, page1) = h
+        .api(
+            Method::GET,
+            &format!("/v1/responses/{id}/input_items?limit=2"),
+            None,
+        )
+        .await;
+    let texts = |p: &Value| -> Vec<String> {
+        p["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["content"][0]["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        texts(&page1),
+        ["third", "second"],
+        "newest first by default"
+    );
+    assert_eq!(page1["has_more"], true);
+    let after = page1["last_id"].as_str().unwrap();
+    let (_, page2) = h
+        .api(
+            Method::GET,
+            &format!("/v1/responses/{id}/input_items?limit=2&after={after}"),
+            None,
+        )
+        .await;
+    assert_eq!(texts(&page2), ["first"]);
+    assert_eq!(page2["has_more"], false);
+
+    let (status, deleted) = h
+        .api(Method::DELETE, &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        deleted,
+        json!({"id": id, "object": "response", "deleted": true})
+    );
+    let (status, _) = h
+        .api(Method::GET, &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = respond(
+        &h,
+        json!({"model": "m", "input": "x", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(status, 404, "a deleted response is not continued");
+    let (status, _) = h
+        .api(Method::DELETE, &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn conversations_are_created_read_updated_listed_and_deleted() {
+    let h = Harness::default().await;
+    let (status, c) = h
+        .api(
+            Method::POST,
+            "/v1/conversations",
+            Some(json!({"metadata": {"topic": "tea"}, "items": [
+                {"type": "message", "role": "user", "content": "I like green tea."},
+                {"type": "message", "role": "assistant", "content": "Noted."}]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{c}");
+    let id = c["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("conv_"));
+    assert_eq!(c["object"], "conversation");
+    assert_eq!(c["metadata"], json!({"topic": "tea"}));
+
+    ok(
+        &h,
+        json!({"model": "m", "input": "What do I like?", "conversation": {"id": id}}),
+    )
+    .await;
+    assert_eq!(
+        h.upstream.last().transcript(),
+        [
+            "user: I like green tea.",
+            "assistant: Noted.",
+            "user: What do I like?"
+        ]
+    );
+    let (status, added) = h
+        .api(
+            Method::POST,
+            &format!("/v1/conversations/{id}/items"),
+            Some(json!({"items": [{"role": "user", "content": "Also coffee."}]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{added}");
+    let item = added["data"][0]["id"].as_str().unwrap().to_owned();
+    let (status, got) = h
+        .api(
+            Method::GET,
+            &format!("/v1/conversations/{id}/items/{item}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["content"][0]["text"], "Also coffee.");
+
+    let (_, list) = h
+        .api(
+            Method::GET,
+            &format!("/v1/conversations/{id}/items?limit=1"),
+            None,
+        )
+        .await;
+    assert_eq!(list["data"][0]["id"], item.as_str(), "newest first");
+    assert_eq!(list["has_more"], true);
+
+    // A deleted item leaves what the model sees.
+    let first = {
+        let (_, all) = h
+            .api(
+                Method::GET,
+                &format!("/v1/conversations/{id}/items?order=asc"),
+                None,
+            )
+            .await;
+        all["data"][0]["id"].as_str().unwrap().to_owned()
+    };
+    let (status, _) = h
+        .api(
+            Method::DELETE,
+            &format!("/v1/conversations/{id}/items/{first}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = h
+        .api(
+            Method::GET,
+            &format!("/v1/conversations/{id}/items/{first}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+    ok(
+        &h,
+        json!({"model": "m", "input": "And now?", "conversation": id}),
+    )
+    .await;
+    let sent = h.upstream.last().transcript();
+    assert!(!sent.iter().any(|m| m.contains("green tea")), "{sent:?}");
+
+    let (status, c) = h
+        .api(
+            Method::POST,
+            &format!("/v1/conversations/{id}"),
+            Some(json!({"metadata": {"topic": "coffee"}})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(c["metadata"], json!({"topic": "coffee"}));
+    let (_, c) = h
+        .api(Method::GET, &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(c["metadata"], json!({"topic": "coffee"}));
+
+    let (status, gone) = h
+        .api(Method::DELETE, &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(gone["deleted"], true);
+    let (status, err) = h
+        .api(Method::GET, &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(err["error"]["code"], "conversation_not_found");
+    let (status, _) = respond(&h, json!({"model": "m", "input": "x", "conversation": id})).await;
+    assert_eq!(status, 404, "never a silent fresh start");
+}
+
+#[tokio::test]
+async fn conversation_requests_are_checked() {
+    let h = Harness::default().await;
+    let too_many: Vec<Value> = (0..21)
+        .map(|i| json!({"role": "user", "content": format!("{i}")}))
+        .collect();
+    for (body, param) in [
+        (json!({"items": too_many}), "items"),
+        (
+            json!({"items": [{"role": "system", "content": "x"}]}),
+            "items",
+        ),
+        (json!({"metadata": {"k": 1}}), "metadata"),
+        (json!({"items": [{"type": "nope"}]}), "items[0]"),
+    ] {
+        let (status, err) = h
+            .api(Method::POST, "/v1/conversations", Some(body.clone()))
+            .await;
+        assert_eq!(status, 400, "{body} -> {err}");
+        assert_eq!(err["error"]["param"], param, "{body} -> {err}");
+    }
+    assert_eq!(h.app.sessions.len(), 0);
+}
