@@ -732,3 +732,110 @@ async fn conversation_requests_are_checked() {
     }
     assert_eq!(h.app.sessions.len(), 0);
 }
+
+/// Starts a streamed response and reads until `until` has arrived.
+async fn stream_response(h: &Harness, body: Value, until: &str) -> (ByteStream, String) {
+    let resp = h
+        .client
+        .post(format!("{}/v1/responses", h.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream: ByteStream = Box::pin(resp.bytes_stream());
+    let mut seen = String::new();
+    while !seen.contains(until) {
+        let chunk = futures_util::StreamExt::next(&mut stream)
+            .await
+            .expect("stream ended early")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    (stream, seen)
+}
+
+fn slow_story() -> Reply {
+    sse_text(
+        &[
+            "Once ", "upon ", "a ", "time ", "there ", "was ", "a ", "fox",
+        ],
+        Duration::from_millis(150),
+    )
+}
+
+#[tokio::test]
+async fn a_newer_response_cuts_the_one_streaming_and_sees_what_was_heard() {
+    let h = Harness::default().await;
+    let r1 = ok(&h, json!({"model": "m", "input": "hi"})).await;
+    h.upstream.push(slow_story());
+    let (stream, seen) = stream_response(
+        &h,
+        json!({"model": "m", "input": "a story", "stream": true, "previous_response_id": r1["id"]}),
+        "upon",
+    )
+    .await;
+    let cut_id = events(&seen)[0].1["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The user barges in: the next response continues from the one in flight.
+    ok(
+        &h,
+        json!({"model": "m", "input": "stop, a poem instead", "previous_response_id": cut_id}),
+    )
+    .await;
+    let rest = read_rest(stream).await;
+    let all = events(&format!("{seen}{rest}"));
+    let (last, data) = all.last().unwrap();
+    assert_eq!(last, "response.incomplete", "{rest}");
+    assert_eq!(
+        data["response"]["incomplete_details"]["reason"],
+        "interrupted"
+    );
+    let sent = h.upstream.last().transcript();
+    assert_eq!(sent.len(), 5, "{sent:?}");
+    assert!(sent[3].starts_with("assistant: Once upon"), "{sent:?}");
+    assert!(!sent[3].contains("fox"), "{sent:?}");
+    let (_, got) = h
+        .api(Method::GET, &format!("/v1/responses/{cut_id}"), None)
+        .await;
+    assert_eq!(got["status"], "incomplete");
+    assert_eq!(got["output"][0]["metadata"]["cut_by"], "new_request");
+}
+
+#[tokio::test]
+async fn the_interrupt_endpoint_cuts_a_streamed_response_where_the_user_stopped_hearing() {
+    let h = Harness::default().await;
+    h.upstream.push(slow_story());
+    let (stream, seen) = stream_response(
+        &h,
+        json!({"model": "m", "input": "a story", "stream": true}),
+        "upon",
+    )
+    .await;
+    let id = events(&seen)[0].1["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let chain = ids::parse_response(&id).unwrap().0;
+    let (status, _) = h
+        .api(
+            Method::POST,
+            &format!("/v1/sessions/{chain}/interrupt"),
+            Some(json!({"spoken": "Once"})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let rest = read_rest(stream).await;
+    let all = events(&format!("{seen}{rest}"));
+    assert_eq!(all.last().unwrap().0, "response.incomplete");
+    let (_, got) = h
+        .api(Method::GET, &format!("/v1/responses/{id}"), None)
+        .await;
+    assert_eq!(got["status"], "incomplete");
+    assert_eq!(output_text(&got), "Once");
+    assert!(got["output"][0]["metadata"]["original"]
+        .as_str()
+        .is_some_and(|o| o.starts_with("Once upon")));
+}
