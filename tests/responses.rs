@@ -839,3 +839,57 @@ async fn the_interrupt_endpoint_cuts_a_streamed_response_where_the_user_stopped_
         .as_str()
         .is_some_and(|o| o.starts_with("Once upon")));
 }
+
+async fn retry(h: &Harness, body: Value) -> Value {
+    let resp = h
+        .client
+        .post(format!("{}/v1/responses", h.url))
+        .header("x-stainless-retry-count", "1")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn an_sdk_retry_runs_the_response_once_in_a_chain_and_in_a_conversation() {
+    let h = Harness::default().await;
+    let r1 = ok(&h, json!({"model": "m", "input": "one"})).await;
+    let body = json!({"model": "m", "input": "two", "previous_response_id": r1["id"]});
+    // The first attempt was answered, but the client never saw it.
+    ok(&h, body.clone()).await;
+    let again = retry(&h, body).await;
+    assert_eq!(session_of(&again), session_of(&r1), "a retry is not a fork");
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: one", "assistant: reply 1", "user: two"]
+    );
+    assert_eq!(
+        h.transcript(&session_of(&r1)).await,
+        [
+            "user: one",
+            "assistant: reply 1",
+            "user: two",
+            "assistant: reply 3"
+        ]
+    );
+    // The same in a conversation.
+    h.say("conv-retry", "hello").await;
+    let body = json!({"model": "m", "input": "more", "conversation": "conv-retry"});
+    ok(&h, body.clone()).await;
+    retry(&h, body).await;
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: hello", "assistant: reply 4", "user: more"]
+    );
+    assert_eq!(h.transcript("conv-retry").await.len(), 4);
+    // A retry of something else is a new turn.
+    retry(
+        &h,
+        json!({"model": "m", "input": "other", "conversation": "conv-retry"}),
+    )
+    .await;
+    assert_eq!(h.transcript("conv-retry").await.len(), 6);
+}

@@ -106,6 +106,28 @@ pub fn position<H: Borrow<Message>>(history: &[H], key: &str) -> Position {
     }
 }
 
+/// The newest response, when a request that says it retries sends its
+/// input again: the history's last visible response has exactly
+/// `incoming` as input, and nothing visible follows its replies. Its
+/// messages are then superseded, and the input stored once more.
+pub fn retried<H: Borrow<Message>>(history: &[H], incoming: &[Message]) -> Option<Span> {
+    let last = history.iter().rposition(|m| {
+        let m = m.borrow();
+        key_of(m).is_some() && !interruption::is_superseded(m)
+    })?;
+    let span = find(history, key_of(history[last].borrow())?)?;
+    let input = &history[span.input.clone()];
+    let same = input.len() == incoming.len()
+        && input
+            .iter()
+            .zip(incoming)
+            .all(|(stored, sent)| super::reconcile::same_message(stored.borrow(), sent));
+    let later = history[span.output.end..]
+        .iter()
+        .any(|m| !interruption::is_superseded(m.borrow()));
+    (same && !later).then_some(span)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +212,25 @@ mod tests {
         h.push(m);
         h.push(Message::new(Role::Assistant, "a3"));
         assert_eq!(position(&h, "c1"), Position::Older { end: 7 });
+    }
+
+    #[test]
+    fn a_retry_is_the_newest_response_with_the_same_input_and_nothing_after_it() {
+        let h = chain();
+        let again = [
+            Message::new(Role::User, "two"),
+            Message::new(Role::User, "two, more"),
+        ];
+        assert_eq!(retried(&h, &again).map(|s| s.input), Some(2..4));
+        assert_eq!(retried(&h, &again[..1]), None, "another input");
+        assert_eq!(
+            retried(&h, &[Message::new(Role::User, "one")]),
+            None,
+            "not the newest"
+        );
+        let mut later = h.clone();
+        later.push(Message::new(Role::User, "from chat"));
+        assert_eq!(retried(&later, &again), None);
     }
 
     #[test]

@@ -15,6 +15,12 @@ use crate::memory::interruption::{
 use crate::memory::message::Message;
 
 mod compare;
+
+/// Whether `sent` is the stored message `stored` sent again (role, content
+/// compared canonically, tool calls).
+pub fn same_message(stored: &Message, sent: &Message) -> bool {
+    matches!(compare::lines_up(stored, sent), compare::Match::Same)
+}
 mod diverge;
 #[cfg(test)]
 mod tests;

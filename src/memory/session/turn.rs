@@ -120,6 +120,10 @@ impl Session {
         match req.joins {
             Joins::After(id) if !st.ended => match chain::position(&st.messages, id) {
                 Position::Unknown => return Err(Refused::UnknownResponse),
+                // The retry of the response that followed: it goes again
+                // in its place (`append`), not into a fork.
+                Position::Older { end }
+                    if self.retried(&st, req).is_some_and(|s| s.input.start == end) => {}
                 Position::Older { end } => return Err(Refused::Fork(st.messages[..end].to_vec())),
                 Position::Newest => {}
             },
@@ -223,8 +227,18 @@ impl Session {
                 let rewrite = self.apply(st, policy, &found, incoming.len(), now_ms, &mut ops);
                 (rewrite, found.new_from(incoming.len()))
             }
-            // The Responses API sends only what is new.
-            _ => (None, 0),
+            // The Responses API sends only what is new; a retry's earlier
+            // attempt gives way to it.
+            Joins::Append | Joins::After(_) => match self.retried(st, req) {
+                Some(span) => {
+                    let from = span.input.start;
+                    let rewrite =
+                        self.supersede_from(st, policy, from, Rewrite::Retry, now_ms, &mut ops);
+                    (rewrite, 0)
+                }
+                None => (None, 0),
+            },
+            Joins::Fork(_) => (None, 0),
         };
         st.last_key = req.idempotency_key.map(str::to_owned);
         let mut new = incoming[new_from..].to_vec();
@@ -296,8 +310,34 @@ impl Session {
             }
         }
         let reason = found.rewrite(&st.messages, sent)?;
+        self.supersede_from(st, policy, superseded_from, reason, now_ms, ops)
+    }
+
+    /// The Responses API's turn that says it retries, and whose input is
+    /// the newest response's (`chain::retried`).
+    fn retried(&self, st: &State, req: &TurnRequest<'_>) -> Option<chain::Span> {
+        let same_key = req
+            .idempotency_key
+            .is_some_and(|k| st.last_key.as_deref() == Some(k));
+        if !(req.retrying || same_key) {
+            return None;
+        }
+        chain::retried(&st.messages, req.incoming)
+    }
+
+    /// Supersedes the messages from `from` on (but the session API's), for
+    /// `reason`; returns it when any were.
+    fn supersede_from(
+        &self,
+        st: &mut State,
+        policy: &Policy,
+        from: usize,
+        reason: Rewrite,
+        now_ms: i64,
+        ops: &mut Vec<Op>,
+    ) -> Option<Rewrite> {
         let mut gone = Vec::new();
-        for i in superseded_from..st.messages.len() {
+        for i in from..st.messages.len() {
             let m = &st.messages[i];
             if !interruption::is_superseded(m) && !interruption::from_the_session_api(m) {
                 st.edit_message(i, |m| interruption::supersede(m, now_ms));
