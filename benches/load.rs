@@ -357,6 +357,9 @@ fn which(name: &str) -> Option<String> {
 #[derive(Clone)]
 struct Scenario {
     name: String,
+    /// Through `POST /v1/responses` (the session as its conversation)
+    /// rather than chat.
+    responses: bool,
     stream: bool,
     sessions: usize,
     history: usize,
@@ -418,6 +421,12 @@ async fn seed(target: &Target, sessions: usize, history: usize) {
     while pending.next().await.is_some() {}
 }
 
+/// A Responses request continuing the seeded session as its conversation.
+fn responses_body(stream: bool, i: usize, session: &str) -> String {
+    let text = message("user", i)["content"].clone();
+    json!({"model": "mock", "stream": stream, "input": text, "conversation": session}).to_string()
+}
+
 fn request_body(stream: bool, i: usize) -> String {
     json!({"model": "mock", "stream": stream, "messages": [message("user", i)]}).to_string()
 }
@@ -446,9 +455,14 @@ async fn open_loop(target: &Target, s: &Scenario) -> Stats {
         let due = start + Duration::from_secs_f64(i as f64 / s.rate);
         tokio::time::sleep_until(due).await;
         let (client, tx) = (client.clone(), tx.clone());
-        let url = format!("{}/chat/completions", target.base);
         let session = format!("bench-{}", i % s.sessions);
-        let body = request_body(s.stream, i);
+        let (url, body) = if s.responses {
+            let url = format!("{}/responses", target.base);
+            (url, responses_body(s.stream, i, &session))
+        } else {
+            let url = format!("{}/chat/completions", target.base);
+            (url, request_body(s.stream, i))
+        };
         let (recall, stream) = (target.recall, s.stream);
         tokio::spawn(async move {
             let _ = tx.send(one(&client, &url, recall.then_some(session), body, stream, due).await);
@@ -551,6 +565,9 @@ async fn one(
     let mut last = Instant::now();
     let mut gaps = Vec::with_capacity(CHUNKS);
     let mut done = false;
+    // The end may straddle two reads: the last bytes of the one before
+    // are searched with the next.
+    let mut tail: Vec<u8> = Vec::new();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|_| "stream broke off".to_owned())?;
         let now = Instant::now();
@@ -560,10 +577,14 @@ async fn one(
             gaps.push(ms(now - last));
         }
         last = now;
-        done |= memchr_contains(&chunk, b"[DONE]");
+        // Chat's end, or the Responses stream's.
+        tail.extend_from_slice(&chunk);
+        done |= memchr_contains(&tail, b"[DONE]") || memchr_contains(&tail, b"response.completed");
+        let keep = tail.len().saturating_sub(24);
+        tail.drain(..keep);
     }
     if !done {
-        return Err("stream ended without [DONE]".into());
+        return Err("stream ended without its end event".into());
     }
     Ok((ms(due.elapsed()), ttfb, gaps))
 }
@@ -743,6 +764,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
     // 1. Overhead, non-streaming and streaming, 1,000 sessions of 10 messages.
     for stream in [false, true] {
         let s = Scenario {
+            responses: false,
             name: format!(
                 "{} · 1,000 sessions · 10 stored",
                 if stream {
@@ -791,9 +813,48 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
             record(l, &slow, figures(&l.name, &slow.name, &mut st), &mut rows);
         }
     }
+    // 1b. The Responses API beside chat, on recall with memory: the same
+    // 1,000 sessions, continued as conversations; in rounds.
+    for stream in [false, true] {
+        let kind = if stream {
+            "stream (50 chunks)"
+        } else {
+            "non-stream"
+        };
+        let chat = Scenario {
+            responses: false,
+            name: format!("chat API · {kind} · 1,000 sessions · 10 stored"),
+            stream,
+            sessions: 1000,
+            history: 10,
+            rate,
+            secs,
+        };
+        let resp = Scenario {
+            responses: true,
+            name: format!("Responses API · {kind} · 1,000 sessions · 10 stored"),
+            ..chat.clone()
+        };
+        if !wanted(&resp.name) {
+            continue;
+        }
+        seed(&memory, chat.sessions, chat.history).await;
+        let mut runs: [Vec<Figures>; 2] = [Vec::new(), Vec::new()];
+        for _ in 0..repeat {
+            for (i, s) in [&chat, &resp].into_iter().enumerate() {
+                warm_up(&memory, s).await;
+                let mut st = open_loop(&memory, s).await;
+                runs[i].push(figures(&memory.name, &s.name, &mut st));
+            }
+        }
+        for (s, runs) in [&chat, &resp].into_iter().zip(&runs) {
+            record(&memory, s, median(runs), &mut rows);
+        }
+    }
     // 2. Sessions: 1 (one conversation, turns in sequence), 100,000.
     for (sessions, r) in [(100_000usize, rate)] {
         let s = Scenario {
+            responses: false,
             name: format!("non-stream · {sessions} sessions · 10 stored"),
             stream: false,
             sessions,
@@ -823,6 +884,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         let mut cases = Vec::new();
         for history in [10usize, 1000, 10_000] {
             let s = Scenario {
+                responses: false,
                 name: format!("non-stream · 10 sessions · {history} stored"),
                 stream: false,
                 sessions: 10,

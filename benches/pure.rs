@@ -188,12 +188,47 @@ fn bench_accumulate(c: &mut Criterion) {
     });
 }
 
+/// The Responses API's stream: 50 chat chunks parsed and given out as
+/// Responses events, as `api::responses` does for each streamed response.
+fn bench_responses_events(c: &mut Criterion) {
+    use recall::api::responses::events::Events;
+    use recall::api::responses::response::Echo;
+    use recall::proxy::accumulate::Event;
+    let chunks: Vec<String> = (0..50)
+        .map(|i| {
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}, "finish_reason": null}]})
+            .to_string()
+        })
+        .collect();
+    let echo = Echo {
+        id: "resp_Y2hhaW5fMTMzZDkzYmRhZTUzOTBmZmYwYjNmYjMz_1aba238cfdbc76ff".into(),
+        items: "Y2hhaW5fMTMzZDkzYmRhZTUzOTBmZmYwYjNmYjMz_1".into(),
+        ..Echo::default()
+    };
+    c.bench_function("responses_events_50_chunks", |b| {
+        b.iter(|| {
+            let mut events = Events::new(echo.clone(), "m");
+            let mut out = Vec::new();
+            events.start(&mut out);
+            for chunk in &chunks {
+                if let Event::Chunk(delta) = Event::parse(chunk) {
+                    events.chunk(&delta, &mut out);
+                }
+            }
+            events.finish(&mut out);
+            out
+        })
+    });
+}
+
 criterion_group!(
     benches,
     bench_reconcile,
     bench_window,
     bench_window_tokens,
     bench_rewrite,
-    bench_accumulate
+    bench_accumulate,
+    bench_responses_events
 );
 criterion_main!(benches);

@@ -15,9 +15,10 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 use sse_parse::SseParser;
 
-use super::events::{sse, Events};
+use super::events::Events;
 use super::response::{from_completion, Echo};
 use crate::error::ApiError;
+use crate::proxy::accumulate::Event;
 
 /// The largest chat completion read back for translation (as the relay's
 /// own cap on a non-streaming answer).
@@ -81,38 +82,39 @@ struct EventStream {
 
 impl EventStream {
     /// The events the chat stream's complete SSE events give.
-    fn take(&mut self) -> String {
-        let mut out = String::new();
+    fn take(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
         while let Some(event) = self.parser.next_event() {
             if self.ended {
                 continue;
             }
-            let data = event.data.trim();
-            let translated = if data == "[DONE]" {
-                self.ended = true;
-                self.events.finish()
-            } else {
-                match serde_json::from_str::<Value>(data) {
-                    Ok(v) if v.get("error").is_some() => {
-                        // recall's own error event (a broken stream, a
-                        // reply not stored) or the upstream's.
-                        self.ended = true;
-                        let e = &v["error"];
-                        self.events.failed(
-                            e["code"].as_str().unwrap_or("server_error"),
-                            e["message"].as_str().unwrap_or("the stream failed"),
-                        )
-                    }
-                    Ok(chunk) => self.events.chunk(&chunk),
-                    Err(_) => Vec::new(),
+            match Event::parse(&event.data) {
+                Event::Done => {
+                    self.ended = true;
+                    self.events.finish(&mut out);
                 }
-            };
-            for e in &translated {
-                out.push_str(&sse(e));
+                // recall's own error event (a broken stream, a reply not
+                // stored) or the upstream's.
+                Event::Chunk(delta) if delta.error().is_some() => {
+                    self.ended = true;
+                    let code = error_code(&event.data);
+                    let message = delta.error().unwrap_or("the stream failed");
+                    self.events.failed(&code, message, &mut out);
+                }
+                Event::Chunk(delta) => self.events.chunk(&delta, &mut out),
+                Event::Malformed => {}
             }
         }
         out
     }
+}
+
+/// The `error.code` of an error event (rare: read as JSON).
+fn error_code(data: &str) -> String {
+    serde_json::from_str::<Value>(data)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "server_error".to_owned())
 }
 
 impl Stream for EventStream {
@@ -122,7 +124,8 @@ impl Stream for EventStream {
         let this = &mut *self;
         if !this.started {
             this.started = true;
-            let start: String = this.events.start().iter().map(sse).collect();
+            let mut start = Vec::new();
+            this.events.start(&mut start);
             return Poll::Ready(Some(Ok(Bytes::from(start))));
         }
         loop {
@@ -149,12 +152,12 @@ impl Stream for EventStream {
                     // Ended without `[DONE]`: complete if the upstream said
                     // how it finished, else cut (a newer request, the
                     // interrupt endpoint).
-                    let last = if this.events.finished() {
-                        this.events.finish()
+                    let mut out = Vec::new();
+                    if this.events.finished() {
+                        this.events.finish(&mut out);
                     } else {
-                        this.events.incomplete("interrupted")
-                    };
-                    let out: String = last.iter().map(sse).collect();
+                        this.events.incomplete("interrupted", &mut out);
+                    }
                     return Poll::Ready(Some(Ok(Bytes::from(out))));
                 }
             }

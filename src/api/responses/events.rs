@@ -1,7 +1,7 @@
-//! A chat completion's chunks as the Responses API's event stream (issue
-//! 17), as they arrive: each chunk gives the events it completes, none
-//! held back. Pure: the caller frames each event as SSE (`event:` its
-//! type, `data:` its JSON; the stream has no `[DONE]`).
+//! A chat completion's chunks as the Responses API's event stream, as
+//! they arrive: each chunk gives the events it completes, none held back,
+//! written as SSE (`event:` its type, `data:` its JSON; the stream has no
+//! `[DONE]`). Pure.
 //!
 //! The order the official SDKs' stream helpers expect: `response.created`,
 //! `response.in_progress`; per output item `response.output_item.added`,
@@ -12,11 +12,19 @@
 //! `response.output_item.done`; last `response.completed`, or
 //! `response.incomplete` / `response.failed` with the reason. Every event
 //! has a `sequence_number`, from 0.
+//!
+//! A delta, which every streamed token makes, is written from a typed
+//! struct that borrows its text (the chunk was parsed once, typed, by
+//! `accumulate::Event`); the rare events are built as JSON values.
 
+use std::io::Write;
+
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::ids;
 use super::response::{usage, Echo};
+use crate::proxy::accumulate::Delta;
 
 /// The stream of one response.
 pub struct Events {
@@ -75,6 +83,38 @@ fn output_text(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": []})
 }
 
+/// `response.output_text.delta`, field for field.
+#[derive(Serialize)]
+struct TextDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    item_id: &'a str,
+    output_index: usize,
+    content_index: u32,
+    delta: &'a str,
+    logprobs: [(); 0],
+    sequence_number: u64,
+}
+
+/// `response.function_call_arguments.delta`.
+#[derive(Serialize)]
+struct ArgumentsDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    item_id: &'a str,
+    output_index: usize,
+    delta: &'a str,
+    sequence_number: u64,
+}
+
+/// Writes one event as SSE. (Writing to a `Vec` cannot fail, nor can
+/// serialising strings, numbers and JSON values.)
+fn write_sse(out: &mut Vec<u8>, kind: &str, data: &impl Serialize) {
+    let _ = write!(out, "event: {kind}\ndata: ");
+    let _ = serde_json::to_writer(&mut *out, data);
+    out.extend_from_slice(b"\n\n");
+}
+
 impl Events {
     pub fn new(echo: Echo, model: &str) -> Self {
         Self {
@@ -89,11 +129,16 @@ impl Events {
         }
     }
 
-    fn event(&mut self, kind: &str, mut fields: Value) -> Value {
-        fields["type"] = json!(kind);
-        fields["sequence_number"] = json!(self.next_seq);
+    fn seq(&mut self) -> u64 {
         self.next_seq += 1;
-        fields
+        self.next_seq - 1
+    }
+
+    /// A rare event, built as JSON.
+    fn event(&mut self, out: &mut Vec<u8>, kind: &str, mut fields: Value) {
+        fields["type"] = json!(kind);
+        fields["sequence_number"] = json!(self.seq());
+        write_sse(out, kind, &fields);
     }
 
     /// The Response as it stands.
@@ -113,38 +158,29 @@ impl Events {
     }
 
     /// The events that open the stream.
-    pub fn start(&mut self) -> Vec<Value> {
+    pub fn start(&mut self, out: &mut Vec<u8>) {
         let r = self.response("in_progress", Value::Null, Value::Null);
-        vec![
-            self.event("response.created", json!({"response": r.clone()})),
-            self.event("response.in_progress", json!({"response": r})),
-        ]
+        self.event(out, "response.created", json!({"response": r.clone()}));
+        self.event(out, "response.in_progress", json!({"response": r}));
     }
 
     /// The events one `chat.completion.chunk` completes.
-    pub fn chunk(&mut self, chunk: &Value) -> Vec<Value> {
-        let mut out = Vec::new();
-        if let Some(model) = chunk.get("model").filter(|m| m.is_string()) {
-            self.model = model.clone();
+    pub fn chunk(&mut self, delta: &Delta, out: &mut Vec<u8>) {
+        if let Some(u) = delta.usage() {
+            self.usage = usage(u);
         }
-        if chunk.get("usage").is_some_and(Value::is_object) {
-            self.usage = usage(&chunk["usage"]);
+        if let Some(text) = delta.content().filter(|t| !t.is_empty()) {
+            self.text_delta(text, out);
         }
-        let choice = &chunk["choices"][0];
-        let delta = &choice["delta"];
-        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-            self.text_delta(text, &mut out);
+        for (index, id, name, arguments) in delta.calls() {
+            self.call_delta(index, id, name, arguments, out);
         }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
-            self.call_delta(call, &mut out);
+        if let Some(reason) = delta.finish_reason() {
+            self.finish_reason = Some(reason.unwrap_or("stop").to_owned());
         }
-        if let Some(reason) = choice["finish_reason"].as_str() {
-            self.finish_reason = Some(reason.to_owned());
-        }
-        out
     }
 
-    fn text_delta(&mut self, text: &str, out: &mut Vec<Value>) {
+    fn text_delta(&mut self, text: &str, out: &mut Vec<u8>) {
         let at = match self.text {
             Some(at) => at,
             None => {
@@ -157,31 +193,45 @@ impl Events {
                 self.text = Some(at);
                 let item = self.items[at].json();
                 let id = item["id"].clone();
-                out.push(self.event(
+                self.event(
+                    out,
                     "response.output_item.added",
                     json!({"output_index": at, "item": item}),
-                ));
-                out.push(self.event(
+                );
+                self.event(
+                    out,
                     "response.content_part.added",
                     json!({"item_id": id, "output_index": at, "content_index": 0,
                            "part": output_text("")}),
-                ));
+                );
                 at
             }
         };
+        let sequence_number = self.seq();
         if let Item::Message { text: all, id, .. } = &mut self.items[at] {
             all.push_str(text);
-            let id = id.clone();
-            out.push(self.event(
-                "response.output_text.delta",
-                json!({"item_id": id, "output_index": at, "content_index": 0,
-                       "delta": text, "logprobs": []}),
-            ));
+            let kind = "response.output_text.delta";
+            let event = TextDelta {
+                kind,
+                item_id: id,
+                output_index: at,
+                content_index: 0,
+                delta: text,
+                logprobs: [],
+                sequence_number,
+            };
+            write_sse(out, kind, &event);
         }
     }
 
-    fn call_delta(&mut self, call: &Value, out: &mut Vec<Value>) {
-        let index = call["index"].as_u64().unwrap_or(0);
+    fn call_delta(
+        &mut self,
+        index: u64,
+        call_id: Option<&str>,
+        name: Option<&str>,
+        arguments: Option<&str>,
+        out: &mut Vec<u8>,
+    ) {
         let at = match self.calls.iter().find(|(i, _)| *i == index) {
             Some(&(_, at)) => at,
             None => {
@@ -190,39 +240,40 @@ impl Events {
                 let at = self.items.len();
                 self.items.push(Item::Call {
                     id: ids::item("fc", &self.echo.items, self.calls.len()),
-                    call_id: call["id"].as_str().unwrap_or_default().to_owned(),
-                    name: call["function"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
+                    call_id: call_id.unwrap_or_default().to_owned(),
+                    name: name.unwrap_or_default().to_owned(),
                     arguments: String::new(),
                     open: true,
                 });
                 self.calls.push((index, at));
                 let item = self.items[at].json();
-                out.push(self.event(
+                self.event(
+                    out,
                     "response.output_item.added",
                     json!({"output_index": at, "item": item}),
-                ));
+                );
                 at
             }
         };
-        if let Some(piece) = call["function"]["arguments"]
-            .as_str()
-            .filter(|p| !p.is_empty())
-        {
-            if let Item::Call { arguments, id, .. } = &mut self.items[at] {
-                arguments.push_str(piece);
-                let id = id.clone();
-                out.push(self.event(
-                    "response.function_call_arguments.delta",
-                    json!({"item_id": id, "output_index": at, "delta": piece}),
-                ));
-            }
+        let Some(piece) = arguments.filter(|p| !p.is_empty()) else {
+            return;
+        };
+        let sequence_number = self.seq();
+        if let Item::Call { arguments, id, .. } = &mut self.items[at] {
+            arguments.push_str(piece);
+            let kind = "response.function_call_arguments.delta";
+            let event = ArgumentsDelta {
+                kind,
+                item_id: id,
+                output_index: at,
+                delta: piece,
+                sequence_number,
+            };
+            write_sse(out, kind, &event);
         }
     }
 
-    fn close_text(&mut self, out: &mut Vec<Value>) {
+    fn close_text(&mut self, out: &mut Vec<u8>) {
         let Some(at) = self.text.take() else {
             return;
         };
@@ -233,24 +284,27 @@ impl Events {
             }
             Item::Call { .. } => return,
         };
-        out.push(self.event(
+        self.event(
+            out,
             "response.output_text.done",
             json!({"item_id": id, "output_index": at, "content_index": 0,
                    "text": text, "logprobs": []}),
-        ));
-        out.push(self.event(
+        );
+        self.event(
+            out,
             "response.content_part.done",
             json!({"item_id": id, "output_index": at, "content_index": 0,
                    "part": output_text(&text)}),
-        ));
+        );
         let item = self.items[at].json();
-        out.push(self.event(
+        self.event(
+            out,
             "response.output_item.done",
             json!({"output_index": at, "item": item}),
-        ));
+        );
     }
 
-    fn close_all(&mut self, out: &mut Vec<Value>) {
+    fn close_all(&mut self, out: &mut Vec<u8>) {
         self.close_text(out);
         for (_, at) in std::mem::take(&mut self.calls) {
             let (id, name, arguments) = match &mut self.items[at] {
@@ -266,24 +320,25 @@ impl Events {
                 }
                 Item::Message { .. } => continue,
             };
-            out.push(self.event(
+            self.event(
+                out,
                 "response.function_call_arguments.done",
                 json!({"item_id": id, "output_index": at, "name": name, "arguments": arguments}),
-            ));
+            );
             let item = self.items[at].json();
-            out.push(self.event(
+            self.event(
+                out,
                 "response.output_item.done",
                 json!({"output_index": at, "item": item}),
-            ));
+            );
         }
     }
 
     /// The events that end a stream the upstream ended: open items closed,
     /// then `response.completed`, or `response.incomplete` when the
     /// upstream stopped at its token limit or a content filter.
-    pub fn finish(&mut self) -> Vec<Value> {
-        let mut out = Vec::new();
-        self.close_all(&mut out);
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        self.close_all(out);
         let (kind, status, incomplete) = match self.finish_reason.as_deref() {
             Some("length") => (
                 "response.incomplete",
@@ -298,32 +353,21 @@ impl Events {
             _ => ("response.completed", "completed", Value::Null),
         };
         let r = self.response(status, incomplete, Value::Null);
-        out.push(self.event(kind, json!({"response": r})));
-        out
+        self.event(out, kind, json!({"response": r}));
     }
 
     /// The events that end a stream cut short: by the client, a newer
     /// request or the interrupt endpoint (`reason` "interrupted").
-    pub fn incomplete(&mut self, reason: &str) -> Vec<Value> {
-        let mut out = Vec::new();
-        self.close_all(&mut out);
+    pub fn incomplete(&mut self, reason: &str, out: &mut Vec<u8>) {
+        self.close_all(out);
         let r = self.response("incomplete", json!({"reason": reason}), Value::Null);
-        out.push(self.event("response.incomplete", json!({"response": r})));
-        out
+        self.event(out, "response.incomplete", json!({"response": r}));
     }
 
     /// The event that ends a stream the upstream failed.
-    pub fn failed(&mut self, code: &str, message: &str) -> Vec<Value> {
+    pub fn failed(&mut self, code: &str, message: &str, out: &mut Vec<u8>) {
         let error = json!({"code": code, "message": message});
         let r = self.response("failed", Value::Null, error);
-        vec![self.event("response.failed", json!({"response": r}))]
+        self.event(out, "response.failed", json!({"response": r}));
     }
-}
-
-/// One event as SSE.
-pub fn sse(event: &Value) -> String {
-    format!(
-        "event: {}\ndata: {event}\n\n",
-        event["type"].as_str().unwrap_or("message")
-    )
 }

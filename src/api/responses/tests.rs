@@ -244,13 +244,37 @@ fn a_cut_completion_is_an_incomplete_response() {
 }
 
 mod stream {
-    use super::super::events::{sse, Events};
+    use super::super::events::Events;
     use super::super::response::Echo;
+    use crate::proxy::accumulate::{Delta, Event};
     use serde_json::{json, Value};
 
-    fn chunk(delta: Value, finish: Option<&str>) -> Value {
-        json!({"object": "chat.completion.chunk", "model": "mock-model",
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    fn chunk(delta: Value, finish: Option<&str>) -> Delta {
+        parsed(
+            json!({"object": "chat.completion.chunk", "model": "mock-model",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+        )
+    }
+
+    fn parsed(v: Value) -> Delta {
+        match Event::parse(&v.to_string()) {
+            Event::Chunk(d) => d,
+            other => panic!("not a chunk: {other:?}"),
+        }
+    }
+
+    /// The SSE a stream wrote, event by event, checking the framing.
+    fn events(out: &[u8]) -> Vec<Value> {
+        let text = std::str::from_utf8(out).unwrap();
+        text.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                let (kind, data) = e.split_once('\n').unwrap();
+                let v: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+                assert_eq!(kind.strip_prefix("event: ").unwrap(), v["type"]);
+                v
+            })
+            .collect()
     }
 
     fn echo() -> Echo {
@@ -270,7 +294,8 @@ mod stream {
     #[test]
     fn text_then_calls_stream_in_the_order_the_sdks_expect() {
         let mut s = Events::new(echo(), "m");
-        let mut all = s.start();
+        let mut out = Vec::new();
+        s.start(&mut out);
         let chunks = [
             chunk(json!({"role": "assistant", "content": ""}), None),
             chunk(json!({"content": "Let me "}), None),
@@ -289,13 +314,14 @@ mod stream {
                 None,
             ),
             chunk(json!({}), Some("tool_calls")),
-            json!({"object": "chat.completion.chunk", "choices": [],
-                   "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}),
+            parsed(json!({"object": "chat.completion.chunk", "choices": [],
+                   "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})),
         ];
         for c in &chunks {
-            all.extend(s.chunk(c));
+            s.chunk(c, &mut out);
         }
-        all.extend(s.finish());
+        s.finish(&mut out);
+        let all = events(&out);
         assert_eq!(
             kinds(&all),
             [
@@ -320,11 +346,16 @@ mod stream {
             assert_eq!(e["sequence_number"], n as u64, "{e}");
         }
         assert_eq!(all[0]["response"]["status"], "in_progress");
+        assert_eq!(
+            all[4],
+            json!({"type": "response.output_text.delta", "item_id": "msg_s_0", "output_index": 0,
+                   "content_index": 0, "delta": "Let me ", "logprobs": [], "sequence_number": 4})
+        );
         assert_eq!(all[6]["text"], "Let me check.");
+        assert_eq!(all[11]["delta"], "\"Paris\"}");
         assert_eq!(all[12]["arguments"], "{\"city\":\"Paris\"}");
         let done = &all[14]["response"];
         assert_eq!(done["status"], "completed");
-        assert_eq!(done["model"], "mock-model");
         assert_eq!(done["usage"]["total_tokens"], 13);
         assert_eq!(
             done["output"],
@@ -337,15 +368,16 @@ mod stream {
         );
         // The same items as the non-streaming Response would have.
         assert_eq!(all[13]["item"], done["output"][1]);
-        assert!(sse(&all[4]).starts_with("event: response.output_text.delta\ndata: {"));
     }
 
     #[test]
     fn a_cut_stream_ends_incomplete_with_what_was_relayed() {
         let mut s = Events::new(echo(), "m");
-        let mut all = s.start();
-        all.extend(s.chunk(&chunk(json!({"content": "Once upon"}), None)));
-        all.extend(s.incomplete("interrupted"));
+        let mut out = Vec::new();
+        s.start(&mut out);
+        s.chunk(&chunk(json!({"content": "Once upon"}), None), &mut out);
+        s.incomplete("interrupted", &mut out);
+        let all = events(&out);
         let last = all.last().unwrap();
         assert_eq!(last["type"], "response.incomplete");
         assert_eq!(
@@ -357,20 +389,27 @@ mod stream {
             "Once upon"
         );
         let mut s = Events::new(echo(), "m");
-        s.start();
-        let failed = s.failed("upstream_error", "the upstream broke off");
-        assert_eq!(failed[0]["type"], "response.failed");
-        assert_eq!(failed[0]["response"]["error"]["code"], "upstream_error");
-        assert_eq!(failed[0]["sequence_number"], 2);
+        let mut out = Vec::new();
+        s.start(&mut out);
+        s.failed("upstream_error", "the upstream broke off", &mut out);
+        let failed = &events(&out)[2];
+        assert_eq!(failed["type"], "response.failed");
+        assert_eq!(failed["response"]["error"]["code"], "upstream_error");
+        assert_eq!(failed["sequence_number"], 2);
     }
 
     #[test]
     fn a_limit_reached_is_an_incomplete_response() {
         let mut s = Events::new(echo(), "m");
-        s.start();
-        s.chunk(&chunk(json!({"content": "It was"}), Some("length")));
-        let end = s.finish();
-        let last = end.last().unwrap();
+        let mut out = Vec::new();
+        s.start(&mut out);
+        s.chunk(
+            &chunk(json!({"content": "It was"}), Some("length")),
+            &mut out,
+        );
+        s.finish(&mut out);
+        let all = events(&out);
+        let last = all.last().unwrap();
         assert_eq!(last["type"], "response.incomplete");
         assert_eq!(
             last["response"]["incomplete_details"]["reason"],

@@ -80,6 +80,8 @@ pub struct Delta {
     /// `Some` once choice 0 has a non-null `finish_reason`.
     finish_reason: Option<Option<String>>,
     error: Option<String>,
+    /// The chunk's `usage` (with `stream_options.include_usage`, the last).
+    usage: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -88,6 +90,8 @@ struct ChunkDe<'a> {
     choices: Vec<ChoiceDe<'a>>,
     #[serde(default)]
     error: Option<Value>,
+    #[serde(default)]
+    usage: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -145,6 +149,39 @@ impl FunctionDe<'_> {
     }
 }
 
+/// What the Responses API's stream reads of a chunk.
+impl Delta {
+    pub fn content(&self) -> Option<&str> {
+        self.content.as_deref()
+    }
+
+    /// `Some` when choice 0 finished, with its reason if it gave one.
+    pub fn finish_reason(&self) -> Option<Option<&str>> {
+        self.finish_reason.as_ref().map(Option::as_deref)
+    }
+
+    pub fn error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    pub fn usage(&self) -> Option<&Value> {
+        self.usage.as_ref()
+    }
+
+    /// The tool calls' pieces: (index, id, name, arguments).
+    pub fn calls(&self) -> impl Iterator<Item = (u64, Option<&str>, Option<&str>, Option<&str>)> {
+        self.tool_calls.iter().map(|(i, c)| {
+            let f = c.function.as_ref();
+            (
+                *i,
+                c.id.as_deref(),
+                f.and_then(|f| f.name.as_deref()),
+                f.and_then(|f| f.arguments.as_deref()),
+            )
+        })
+    }
+}
+
 impl Delta {
     /// The slow, lenient reading of a chunk whose shape the typed one
     /// refused: every field that has the expected type is kept.
@@ -160,6 +197,7 @@ impl Delta {
             error: chunk
                 .get("error")
                 .map(|err| text(err.get("message")).unwrap_or_else(|| err.to_string())),
+            usage: chunk.get("usage").filter(|u| u.is_object()).cloned(),
             ..Delta::default()
         };
         let Some(choice) = first_choice(chunk) else {
@@ -207,6 +245,7 @@ impl Event {
                 let msg = err.get("message").and_then(Value::as_str);
                 msg.map_or_else(|| err.to_string(), str::to_owned)
             }),
+            usage: chunk.usage.filter(Value::is_object),
             ..Delta::default()
         };
         let has_index = chunk.choices.iter().any(|c| c.index.is_some());
