@@ -311,3 +311,66 @@ async fn expiry_ends_each_session_once_across_replicas_on_a_cluster() {
     let (_, list) = a.api(Method::GET, "/v1/sessions", None).await;
     assert_eq!(list["data"].as_array().unwrap().len(), 0, "{list}");
 }
+
+async fn respond(h: &Harness, body: Value) -> Value {
+    let resp = h
+        .client
+        .post(format!("{}/v1/responses", h.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn response_chains_forks_and_conversations_live_on_the_cluster() {
+    let Some((a, b, upstream)) = pair("").await else {
+        return;
+    };
+    // Chains on several masters: each starts a session of its own.
+    let mut firsts = Vec::new();
+    for i in 0..6 {
+        firsts.push(respond(&a, json!({"model": "m", "input": format!("chain {i}")})).await);
+    }
+    for (i, r1) in firsts.iter().enumerate() {
+        let r2 = respond(
+            &b,
+            json!({"model": "m", "input": "next", "previous_response_id": r1["id"]}),
+        )
+        .await;
+        assert_eq!(upstream.last().transcript().len(), 3, "chain {i}");
+        // A fork from the first response, on the other replica.
+        respond(
+            &a,
+            json!({"model": "m", "input": "other", "previous_response_id": r1["id"]}),
+        )
+        .await;
+        let sent = upstream.last().transcript();
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        assert_eq!(sent[0], format!("user: chain {i}"));
+        assert_eq!(sent[2], "user: other", "the fork does not see `next`");
+        let (status, got) = a
+            .api(
+                Method::GET,
+                &format!("/v1/responses/{}", r2["id"].as_str().unwrap()),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{got}");
+    }
+    let (_, c) = b
+        .api(
+            Method::POST,
+            "/v1/conversations",
+            Some(json!({"metadata": {"k": "v"}})),
+        )
+        .await;
+    let id = c["id"].as_str().unwrap();
+    respond(&a, json!({"model": "m", "input": "hi", "conversation": id})).await;
+    let (_, got) = a
+        .api(Method::GET, &format!("/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(got["metadata"], json!({"k": "v"}));
+}
