@@ -893,3 +893,38 @@ async fn an_sdk_retry_runs_the_response_once_in_a_chain_and_in_a_conversation() 
     .await;
     assert_eq!(h.transcript("conv-retry").await.len(), 6);
 }
+
+#[tokio::test]
+async fn the_session_header_and_the_path_form_name_a_conversation_as_in_chat() {
+    let h = Harness::default().await;
+    for text in ["one", "two"] {
+        let resp = h
+            .client
+            .post(format!("{}/v1/responses", h.url))
+            .header("x-session-id", "by-header")
+            .json(&json!({"model": "m", "input": text}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: one", "assistant: reply 1", "user: two"]
+    );
+    for text in ["three", "four"] {
+        let resp = h
+            .client
+            .post(format!("{}/sessions/by-path/v1/responses", h.url))
+            .json(&json!({"model": "m", "input": text}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    assert_eq!(
+        h.upstream.last().transcript(),
+        ["user: three", "assistant: reply 3", "user: four"]
+    );
+    assert_eq!(h.transcript("by-path").await.len(), 4);
+}

@@ -59,7 +59,7 @@ pub async fn create(
         body: chat_body,
         mut messages,
     } = chat::request_of(t.chat, app.config.server.max_request_messages)?;
-    let conversation = match (&t.conversation, path_session(&path)?) {
+    let conversation = match (&t.conversation, named_session(&app, &path, &headers)?) {
         (Some(id), _) => Some((id.clone(), true)),
         (None, Some(id)) if t.previous_response_id.is_none() => Some((id, false)),
         _ => None,
@@ -132,14 +132,30 @@ pub async fn create(
     super::answer::translate(ran.response, echo, &model, t.stream).await
 }
 
-/// The session of the path form (`/sessions/{id}/v1/responses`), which is
-/// a conversation created on first use, as chat's path form is.
-fn path_session(path: &HashMap<String, String>) -> Result<Option<String>, ApiError> {
-    let Some(id) = path.get("session_id") else {
-        return Ok(None);
+/// The session the path form (`/sessions/{id}/v1/responses`) or the
+/// session header names, as chat's do: a conversation, created on first
+/// use, for a client configured once for chat.
+fn named_session(
+    app: &App,
+    path: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Result<Option<String>, ApiError> {
+    let header = app.config.session.header.as_str();
+    let (id, param) = match (path.get("session_id"), headers.get(header)) {
+        (Some(id), _) => (id.clone(), "session_id"),
+        (None, Some(v)) => {
+            let id = v.to_str().map_err(|_| {
+                RequestError::invalid(
+                    format!("the `{header}` header is not valid text"),
+                    Some(header),
+                )
+            })?;
+            (id.to_owned(), header)
+        }
+        (None, None) => return Ok(None),
     };
-    session::validate_id(id).map_err(|msg| RequestError::invalid(msg, Some("session_id")))?;
-    Ok(Some(id.clone()))
+    session::validate_id(&id).map_err(|msg| RequestError::invalid(msg, Some(param)))?;
+    Ok(Some(id))
 }
 
 /// Where the response runs: its conversation, the chain of its previous
