@@ -184,3 +184,76 @@ pub fn config_load(data: &[u8]) {
         panic!("`recall check` printed a config that does not load: {e}\n{printed}");
     }
 }
+
+/// The Responses API's two translations. The first byte picks one:
+/// - even: the rest is a `POST /v1/responses` body. What `translate`
+///   accepts must be a chat request chat accepts (`request_of`), and
+///   what it refuses, a 400 that names a field.
+/// - odd: the rest is a chat SSE stream, read in pieces of the size the
+///   first byte sets. The Responses stream made of it must be SSE whose
+///   every event is JSON of its `event:` type, numbered from 0 without a
+///   gap, with a single terminal event at the end.
+pub fn responses(data: &[u8]) {
+    use crate::api::responses::{events::Events, request, response::Echo};
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
+    if first % 2 == 0 {
+        let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(rest) else {
+            return;
+        };
+        match request::translate(body) {
+            Ok(t) => {
+                let chat = crate::api::chat::request_of(t.chat, usize::MAX);
+                // An empty input is refused later, by the handler.
+                if let Err(e) = chat {
+                    let empty = format!("{e:?}").contains("empty");
+                    assert!(empty, "translated to a request chat refuses: {e:?}");
+                }
+            }
+            Err(crate::error::RequestError::Invalid { param, .. }) => {
+                assert!(param.is_some(), "a refusal names no field");
+            }
+            Err(e) => panic!("an unexpected refusal: {e:?}"),
+        }
+        return;
+    }
+    let read = usize::from(first / 2 % 64) + 1;
+    let mut events = Events::new(Echo::default(), "m");
+    let mut out = Vec::new();
+    events.start(&mut out);
+    let mut parser = sse_parse::SseParser::new();
+    let mut ended = false;
+    for chunk in rest.chunks(read) {
+        parser.feed(chunk);
+        while let Some(e) = parser.next_event() {
+            if ended {
+                continue;
+            }
+            match Event::parse(&e.data) {
+                Event::Done => {
+                    ended = true;
+                    events.finish(&mut out);
+                }
+                Event::Chunk(d) => events.chunk(&d, &mut out),
+                Event::Malformed => {}
+            }
+        }
+    }
+    if !ended {
+        events.incomplete("interrupted", &mut out);
+    }
+    let text = std::str::from_utf8(&out).expect("the stream is not UTF-8");
+    let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
+    for (n, frame) in frames.iter().enumerate() {
+        let (kind, data) = frame.split_once('\n').expect("an event without data");
+        let kind = kind.strip_prefix("event: ").expect("no event line");
+        let data = data.strip_prefix("data: ").expect("no data line");
+        assert!(!data.contains('\n'), "a data line broken in two");
+        let v: Value = serde_json::from_str(data).expect("an event that is not JSON");
+        assert_eq!(v["type"], kind);
+        assert_eq!(v["sequence_number"], n as u64, "sequence numbers skip");
+        let terminal = matches!(kind, "response.completed" | "response.incomplete");
+        assert_eq!(terminal, n + 1 == frames.len(), "a terminal event not last");
+    }
+}

@@ -12,6 +12,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("sse_accumulator", recall::fuzzing::sse_accumulator),
     ("request_reconcile", recall::fuzzing::request_reconcile),
     ("config_load", recall::fuzzing::config_load),
+    ("responses", recall::fuzzing::responses),
 ];
 
 fn replay(dir: &str, name: &str, target: Target) -> usize {
