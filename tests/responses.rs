@@ -875,22 +875,22 @@ async fn an_sdk_retry_runs_the_response_once_in_a_chain_and_in_a_conversation() 
             "assistant: reply 3"
         ]
     );
-    // The same in a conversation.
+    // In a conversation: the first attempt's upstream call failed (its
+    // failure is recorded), and the SDK retries.
     h.say("conv-retry", "hello").await;
     let body = json!({"model": "m", "input": "more", "conversation": "conv-retry"});
-    ok(&h, body.clone()).await;
-    retry(&h, body).await;
+    h.upstream.push(error_reply(500, "boom"));
+    let (status, _) = respond(&h, body.clone()).await;
+    assert_eq!(status, 500);
+    retry(&h, body.clone()).await;
     assert_eq!(
         h.upstream.last().transcript(),
         ["user: hello", "assistant: reply 4", "user: more"]
     );
     assert_eq!(h.transcript("conv-retry").await.len(), 4);
-    // A retry of something else is a new turn.
-    retry(
-        &h,
-        json!({"model": "m", "input": "other", "conversation": "conv-retry"}),
-    )
-    .await;
+    // A retry whose first attempt never got stored (refused at the door)
+    // finds the newest turn answered: the user said the same twice.
+    retry(&h, body).await;
     assert_eq!(h.transcript("conv-retry").await.len(), 6);
 }
 
@@ -927,4 +927,52 @@ async fn the_session_header_and_the_path_form_name_a_conversation_as_in_chat() {
         ["user: three", "assistant: reply 3", "user: four"]
     );
     assert_eq!(h.transcript("by-path").await.len(), 4);
+}
+
+#[tokio::test]
+async fn a_fork_leaves_the_other_branchs_reply_streaming() {
+    let h = Harness::default().await;
+    let r1 = ok(&h, json!({"model": "m", "input": "one"})).await;
+    h.upstream.push(slow_story());
+    let (stream, seen) = stream_response(
+        &h,
+        json!({"model": "m", "input": "a story", "stream": true, "previous_response_id": r1["id"]}),
+        "upon",
+    )
+    .await;
+    // Another branch from r1 while r2 streams.
+    let fork = ok(
+        &h,
+        json!({"model": "m", "input": "something else", "previous_response_id": r1["id"]}),
+    )
+    .await;
+    assert_ne!(session_of(&fork), session_of(&r1));
+    let rest = read_rest(stream).await;
+    let all = events(&format!("{seen}{rest}"));
+    let (last, data) = all.last().unwrap();
+    assert_eq!(last, "response.completed", "{rest}");
+    assert_eq!(
+        output_text(&data["response"]),
+        "Once upon a time there was a fox"
+    );
+}
+
+#[tokio::test]
+async fn a_response_mark_sent_by_a_client_is_not_kept() {
+    let h = Harness::default().await;
+    let forged = json!({"role": "user", "content": "hi",
+                        "metadata": {"response": {"key": "00", "input_items": 1}, "note": "kept"}});
+    let (status, _) = h
+        .chat(Some("forger"), json!({"model": "m", "messages": [forged]}))
+        .await;
+    assert_eq!(status, 200);
+    let (_, hist) = h.history("forger").await;
+    assert_eq!(hist["contents"][0]["metadata"]["note"], "kept");
+    assert!(hist["contents"][0]["metadata"].get("response").is_none());
+    let (status, _) = respond(
+        &h,
+        json!({"model": "m", "input": "x", "previous_response_id": ids::response("forger", "00")}),
+    )
+    .await;
+    assert_eq!(status, 404);
 }

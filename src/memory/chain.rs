@@ -55,7 +55,7 @@ pub fn find<H: Borrow<Message>>(history: &[H], key: &str) -> Option<Span> {
     // The input is its own messages only: it ends early at another mark.
     let mut end = start + 1;
     while end < history.len()
-        && end < start + count.max(1)
+        && end < start.saturating_add(count.max(1))
         && key_of(history[end].borrow()).is_none()
     {
         end += 1;
@@ -126,6 +126,66 @@ pub fn retried<H: Borrow<Message>>(history: &[H], incoming: &[Message]) -> Optio
         .iter()
         .any(|m| !interruption::is_superseded(m.borrow()));
     (same && !later).then_some(span)
+}
+
+/// What a Responses API turn does to a history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Continue {
+    /// `after` names no response here.
+    Unknown,
+    /// Append the input; first supersede the messages from `retry_from`
+    /// on, an earlier attempt of this same request.
+    Append { retry_from: Option<usize> },
+    /// Start a new session from the history up to `end`.
+    Fork { end: usize },
+}
+
+/// A turn continuing the response `after` (else, a conversation's newest
+/// message) with `incoming`, which the client says it retries or not.
+///
+/// A retry after a response goes in place of the attempt stored right
+/// after it, if that attempt had this input (the client never saw its
+/// answer, or it would not retry), instead of forking beside it. In a
+/// conversation nothing names where the attempt went, so only a newest
+/// response with this input whose reply never reached its client whole
+/// (none yet, a failure, a cut not made by the user) is taken for one: a
+/// first attempt refused before anything was stored leaves an earlier
+/// turn that said the same as it was.
+pub fn continues<H: Borrow<Message>>(
+    history: &[H],
+    after: Option<&str>,
+    incoming: &[Message],
+    retrying: bool,
+) -> Continue {
+    let attempt = if retrying {
+        retried(history, incoming)
+    } else {
+        None
+    };
+    match after {
+        Some(key) => match position(history, key) {
+            Position::Unknown => Continue::Unknown,
+            Position::Newest => Continue::Append { retry_from: None },
+            Position::Older { end } => match attempt {
+                Some(span) if span.input.start == end => Continue::Append {
+                    retry_from: Some(end),
+                },
+                _ => Continue::Fork { end },
+            },
+        },
+        None => {
+            let retry_from = attempt
+                .filter(|span| {
+                    history[span.output.clone()]
+                        .iter()
+                        .map(Borrow::borrow)
+                        .filter(|m| !interruption::is_superseded(m))
+                        .all(interruption::undelivered)
+                })
+                .map(|span| span.input.start);
+            Continue::Append { retry_from }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -231,6 +291,76 @@ mod tests {
         let mut later = h.clone();
         later.push(Message::new(Role::User, "from chat"));
         assert_eq!(retried(&later, &again), None);
+    }
+
+    #[test]
+    fn a_retry_after_a_response_replaces_the_attempt_after_it_and_never_the_response() {
+        let h = chain();
+        let two = [
+            Message::new(Role::User, "two"),
+            Message::new(Role::User, "two, more"),
+        ];
+        // The attempt after r1 had this input: it is replaced.
+        assert_eq!(
+            continues(&h, Some("r1"), &two, true),
+            Continue::Append {
+                retry_from: Some(2)
+            }
+        );
+        assert_eq!(
+            continues(&h, Some("r1"), &two, false),
+            Continue::Fork { end: 2 }
+        );
+        // The same input after r2, the newest: r2 is what is continued.
+        assert_eq!(
+            continues(&h, Some("r2"), &two, true),
+            Continue::Append { retry_from: None }
+        );
+        assert_eq!(continues(&h, Some("nope"), &two, true), Continue::Unknown);
+    }
+
+    #[test]
+    fn a_retry_in_a_conversation_replaces_only_an_attempt_whose_reply_was_not_delivered() {
+        let two = [
+            Message::new(Role::User, "two"),
+            Message::new(Role::User, "two, more"),
+        ];
+        // r2's reply reached its client: a first attempt refused before it
+        // was stored leaves r2 alone.
+        assert_eq!(
+            continues(&chain(), None, &two, true),
+            Continue::Append { retry_from: None }
+        );
+        let mut failed = chain();
+        failed[4] = interruption::failure_reply("", "upstream 500");
+        assert_eq!(
+            continues(&failed, None, &two, true),
+            Continue::Append {
+                retry_from: Some(2)
+            }
+        );
+        let mut in_flight = chain();
+        in_flight.pop();
+        assert_eq!(
+            continues(&in_flight, None, &two, true),
+            Continue::Append {
+                retry_from: Some(2)
+            }
+        );
+        assert_eq!(
+            continues(&in_flight, None, &two, false),
+            Continue::Append { retry_from: None }
+        );
+    }
+
+    #[test]
+    fn a_forged_input_count_does_not_overflow() {
+        let mut h = chain();
+        let Value::Object(r) = json!({"key": "big", "input_items": u64::MAX}) else {
+            unreachable!()
+        };
+        mark(&mut h[0], r);
+        assert_eq!(find(&h, "big").map(|s| s.input), Some(0..2));
     }
 
     #[test]

@@ -86,13 +86,22 @@ async fn open_in(
     let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
     let storage = &app.policy.storage;
     loop {
+        // A turn that forks leaves the branch it forks from as it is: it
+        // is decided before anything below settles or interrupts the
+        // branch's reply in flight, here or on another replica. (`begin`
+        // decides again under the lease, and may still fork.)
+        if matches!(turn.joins, Joins::After(_)) {
+            if let Some(session) = app.sessions.find(id, storage).await? {
+                if let Some(history) = session.fork_point(turn) {
+                    return Ok(Err(history));
+                }
+            }
+        }
         // This process's own reply is settled first: with shared storage
         // before the other replicas' (a turn never waits on its own
         // process's lease), and after a failed write before the session
-        // is reloaded from storage (`Store::find`). Not for a turn that
-        // may fork, which leaves the branch it forks from as it is.
-        let may_fork = matches!(turn.joins, Joins::After(_));
-        if !may_fork && (storage.shared() || storage.needs_reload(id)) {
+        // is reloaded from storage (`Store::find`).
+        if storage.shared() || storage.needs_reload(id) {
             if let Some(local) = app.sessions.get(id) {
                 match local.settle(&app.policy, app.policy.on_new_request) {
                     Ok(()) | Err(Refused::Ended) => {}

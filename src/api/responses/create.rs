@@ -197,18 +197,16 @@ async fn target(
     };
     if !store {
         // Nothing is kept: the turn runs on a copy of what it continues.
-        let history = match &missing {
-            None => Vec::new(),
-            Some(missing) => {
-                let session = app
-                    .sessions
-                    .find(&id, &app.policy.storage)
-                    .await?
-                    .ok_or_else(|| missing.clone())?;
-                session
-                    .branch(joins.as_deref())
-                    .ok_or_else(|| missing.clone())?
-            }
+        // A session named by the path or the header may not exist yet.
+        let history = match app.sessions.find(&id, &app.policy.storage).await? {
+            Some(session) => match session.branch(joins.as_deref()) {
+                Some(history) => history,
+                None => return Err(missing.clone().map_or(ApiError::Internal, Into::into)),
+            },
+            None => match missing {
+                Some(missing) => return Err(missing.into()),
+                None => Vec::new(),
+            },
         };
         let unstored = access.internal(&ids::new_session("unstored")).into_owned();
         return Ok(Target {

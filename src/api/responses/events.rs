@@ -44,7 +44,8 @@ pub struct Events {
 enum Item {
     Message {
         id: String,
-        text: String,
+        /// Its content parts in the order they began: text, or a refusal.
+        parts: Vec<Part>,
         open: bool,
     },
     Call {
@@ -56,13 +57,38 @@ enum Item {
     },
 }
 
+struct Part {
+    refusal: bool,
+    text: String,
+}
+
+impl Part {
+    fn json(&self) -> Value {
+        if self.refusal {
+            json!({"type": "refusal", "refusal": self.text})
+        } else {
+            output_text(&self.text)
+        }
+    }
+
+    fn empty(&self) -> Value {
+        Part {
+            refusal: self.refusal,
+            text: String::new(),
+        }
+        .json()
+    }
+}
+
 impl Item {
     fn json(&self) -> Value {
         match self {
-            Item::Message { id, text, open } => json!({
+            Item::Message { id, parts, open } => json!({
                 "type": "message", "id": id, "role": "assistant",
                 "status": if *open { "in_progress" } else { "completed" },
-                "content": if *open { json!([]) } else { json!([output_text(text)]) },
+                "content": if *open { json!([]) } else {
+                    Value::Array(parts.iter().map(Part::json).collect())
+                },
             }),
             Item::Call {
                 id,
@@ -83,7 +109,8 @@ fn output_text(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": []})
 }
 
-/// `response.output_text.delta`, field for field.
+/// `response.output_text.delta` (or `response.refusal.delta`), field for
+/// field.
 #[derive(Serialize)]
 struct TextDelta<'a> {
     #[serde(rename = "type")]
@@ -92,7 +119,9 @@ struct TextDelta<'a> {
     output_index: usize,
     content_index: u32,
     delta: &'a str,
-    logprobs: [(); 0],
+    /// Text deltas have it; refusal deltas do not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<[(); 0]>,
     sequence_number: u64,
 }
 
@@ -170,7 +199,10 @@ impl Events {
             self.usage = usage(u);
         }
         if let Some(text) = delta.content().filter(|t| !t.is_empty()) {
-            self.text_delta(text, out);
+            self.text_delta(text, false, out);
+        }
+        if let Some(text) = delta.refusal().filter(|t| !t.is_empty()) {
+            self.text_delta(text, true, out);
         }
         for (index, id, name, arguments) in delta.calls() {
             self.call_delta(index, id, name, arguments, out);
@@ -180,48 +212,74 @@ impl Events {
         }
     }
 
-    fn text_delta(&mut self, text: &str, out: &mut Vec<u8>) {
+    /// A piece of the reply's text, or of its refusal.
+    fn text_delta(&mut self, text: &str, refusal: bool, out: &mut Vec<u8>) {
         let at = match self.text {
             Some(at) => at,
             None => {
                 let at = self.items.len();
+                // A message after calls is another item, with an id of its own.
+                let n = self
+                    .items
+                    .iter()
+                    .filter(|i| matches!(i, Item::Message { .. }))
+                    .count();
                 self.items.push(Item::Message {
-                    id: ids::item("msg", &self.echo.items, 0),
-                    text: String::new(),
+                    id: ids::item("msg", &self.echo.items, n),
+                    parts: Vec::new(),
                     open: true,
                 });
                 self.text = Some(at);
                 let item = self.items[at].json();
-                let id = item["id"].clone();
                 self.event(
                     out,
                     "response.output_item.added",
                     json!({"output_index": at, "item": item}),
                 );
-                self.event(
-                    out,
-                    "response.content_part.added",
-                    json!({"item_id": id, "output_index": at, "content_index": 0,
-                           "part": output_text("")}),
-                );
                 at
             }
         };
+        let Item::Message { id, parts, .. } = &mut self.items[at] else {
+            return;
+        };
+        let id = id.clone();
+        let part = match parts.iter().position(|p| p.refusal == refusal) {
+            Some(part) => part,
+            None => {
+                parts.push(Part {
+                    refusal,
+                    text: String::new(),
+                });
+                let part = parts.len() - 1;
+                let empty = parts[part].empty();
+                self.event(
+                    out,
+                    "response.content_part.added",
+                    json!({"item_id": id, "output_index": at, "content_index": part,
+                           "part": empty}),
+                );
+                part
+            }
+        };
         let sequence_number = self.seq();
-        if let Item::Message { text: all, id, .. } = &mut self.items[at] {
-            all.push_str(text);
-            let kind = "response.output_text.delta";
-            let event = TextDelta {
-                kind,
-                item_id: id,
-                output_index: at,
-                content_index: 0,
-                delta: text,
-                logprobs: [],
-                sequence_number,
-            };
-            write_sse(out, kind, &event);
+        if let Item::Message { parts, .. } = &mut self.items[at] {
+            parts[part].text.push_str(text);
         }
+        let kind = if refusal {
+            "response.refusal.delta"
+        } else {
+            "response.output_text.delta"
+        };
+        let event = TextDelta {
+            kind,
+            item_id: &id,
+            output_index: at,
+            content_index: part as u32,
+            delta: text,
+            logprobs: (!refusal).then_some([]),
+            sequence_number,
+        };
+        write_sse(out, kind, &event);
     }
 
     fn call_delta(
@@ -277,25 +335,39 @@ impl Events {
         let Some(at) = self.text.take() else {
             return;
         };
-        let (id, text) = match &mut self.items[at] {
-            Item::Message { id, text, open } => {
+        let (id, parts) = match &mut self.items[at] {
+            Item::Message { id, parts, open } => {
                 *open = false;
-                (id.clone(), text.clone())
+                let parts: Vec<(bool, String)> =
+                    parts.iter().map(|p| (p.refusal, p.text.clone())).collect();
+                (id.clone(), parts)
             }
             Item::Call { .. } => return,
         };
-        self.event(
-            out,
-            "response.output_text.done",
-            json!({"item_id": id, "output_index": at, "content_index": 0,
-                   "text": text, "logprobs": []}),
-        );
-        self.event(
-            out,
-            "response.content_part.done",
-            json!({"item_id": id, "output_index": at, "content_index": 0,
-                   "part": output_text(&text)}),
-        );
+        for (n, (refusal, text)) in parts.into_iter().enumerate() {
+            let part = Part { refusal, text };
+            if refusal {
+                self.event(
+                    out,
+                    "response.refusal.done",
+                    json!({"item_id": id, "output_index": at, "content_index": n,
+                           "refusal": part.text}),
+                );
+            } else {
+                self.event(
+                    out,
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": at, "content_index": n,
+                           "text": part.text, "logprobs": []}),
+                );
+            }
+            self.event(
+                out,
+                "response.content_part.done",
+                json!({"item_id": id, "output_index": at, "content_index": n,
+                       "part": part.json()}),
+            );
+        }
         let item = self.items[at].json();
         self.event(
             out,

@@ -416,4 +416,66 @@ mod stream {
             "max_output_tokens"
         );
     }
+
+    #[test]
+    fn a_refusal_streams_as_a_refusal_part_and_text_after_calls_is_another_item() {
+        let mut s = Events::new(echo(), "m");
+        let mut out = Vec::new();
+        s.start(&mut out);
+        s.chunk(&chunk(json!({"refusal": "I can't "}), None), &mut out);
+        s.chunk(
+            &chunk(json!({"refusal": "help with that."}), None),
+            &mut out,
+        );
+        s.chunk(&chunk(json!({}), Some("stop")), &mut out);
+        s.finish(&mut out);
+        let all = events(&out);
+        assert_eq!(
+            kinds(&all)[2..],
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.refusal.delta",
+                "response.refusal.delta",
+                "response.refusal.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        assert_eq!(all[4]["delta"], "I can't ");
+        assert!(all[4].get("logprobs").is_none());
+        assert_eq!(
+            all[9]["response"]["output"][0]["content"],
+            json!([{"type": "refusal", "refusal": "I can't help with that."}])
+        );
+
+        let mut s = Events::new(echo(), "m");
+        let mut out = Vec::new();
+        s.start(&mut out);
+        s.chunk(&chunk(json!({"content": "before"}), None), &mut out);
+        s.chunk(
+            &chunk(
+                json!({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}]}),
+                None,
+            ),
+            &mut out,
+        );
+        s.chunk(&chunk(json!({"content": "after"}), None), &mut out);
+        s.chunk(
+            &chunk(json!({"content": " and more"}), Some("stop")),
+            &mut out,
+        );
+        s.finish(&mut out);
+        let all = events(&out);
+        let output = &all.last().unwrap()["response"]["output"];
+        let ids: Vec<&str> = output
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["msg_s_0", "fc_s_0", "msg_s_1"]);
+        assert_eq!(output[2]["content"][0]["text"], "after and more");
+    }
 }

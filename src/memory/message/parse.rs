@@ -58,9 +58,14 @@ pub fn parse_messages(values: Vec<Value>) -> Result<Vec<Message>, MessageError> 
             {
                 return Err(MessageError::BadRole(i));
             }
-            let m: Message = serde_json::from_value(Value::Object(obj))
+            let mut m: Message = serde_json::from_value(Value::Object(obj))
                 .map_err(|e| MessageError::Invalid(i, e.to_string()))?;
             check_shape(i, &m)?;
+            // A response's mark is recall's to make (`chain`): one a client
+            // sent could stand in for a real response.
+            if let Some(md) = &mut m.metadata {
+                md.remove(crate::memory::chain::KEY);
+            }
             Ok(m)
         })
         .collect()

@@ -7,7 +7,7 @@ use std::sync::{Arc, MutexGuard};
 use super::state::State;
 use super::{shared, Policy, Reply, Session};
 use crate::config::OnNewRequest;
-use crate::memory::chain::{self, Position};
+use crate::memory::chain::{self, Continue};
 use crate::memory::inflight::{Happened, InFlight};
 use crate::memory::interruption::{self, Spoken};
 use crate::memory::message::Message;
@@ -116,21 +116,25 @@ impl Session {
     ) -> Result<(Prepared, Reply), Refused> {
         let st = self.state();
         // Decided before the reply in flight is settled: a fork leaves the
-        // branch it forks from, and its reply, as they are.
-        match req.joins {
-            Joins::After(id) if !st.ended => match chain::position(&st.messages, id) {
-                Position::Unknown => return Err(Refused::UnknownResponse),
-                // The retry of the response that followed: it goes again
-                // in its place (`append`), not into a fork.
-                Position::Older { end }
-                    if self.retried(&st, req).is_some_and(|s| s.input.start == end) => {}
-                Position::Older { end } => return Err(Refused::Fork(st.messages[..end].to_vec())),
-                Position::Newest => {}
-            },
-            Joins::Fork(_) if !st.messages.is_empty() || st.first_seq > 0 => {
-                return Err(Refused::NotEmpty)
+        // branch it forks from, and its reply, as they are. A retry's
+        // earlier attempt is named by sequence number, which the settling
+        // (a push, maybe a trim) does not move.
+        let mut retry_seq = None;
+        if !st.ended {
+            match self.continuation(&st, req) {
+                None => {}
+                Some(Continue::Unknown) => return Err(Refused::UnknownResponse),
+                Some(Continue::Fork { end }) => {
+                    return Err(Refused::Fork(st.messages[..end].to_vec()))
+                }
+                Some(Continue::Append { retry_from }) => {
+                    retry_seq = retry_from.map(|i| st.first_seq + i as u64);
+                }
             }
-            _ => {}
+            if matches!(req.joins, Joins::Fork(_)) && (!st.messages.is_empty() || st.first_seq > 0)
+            {
+                return Err(Refused::NotEmpty);
+            }
         }
         let mut st = self.settled_from(st, policy, policy.on_new_request)?;
         if let Some(user) = req.user {
@@ -140,7 +144,7 @@ impl Session {
             }
         }
         self.touch(req.now_ms);
-        let prepared = self.append(&mut st, policy, req);
+        let prepared = self.append(&mut st, policy, req, retry_seq);
         let flight = Arc::new(InFlight::new(prepared.turn_id));
         st.active = Some(Arc::clone(&flight));
         Ok((
@@ -195,11 +199,14 @@ impl Session {
         Ok(st)
     }
 
+    /// `retry_seq`: where an earlier attempt of this Responses API request
+    /// begins, which gives way to it.
     pub(super) fn append(
         &self,
         st: &mut State,
         policy: &Policy,
         req: &TurnRequest<'_>,
+        retry_seq: Option<u64>,
     ) -> Prepared {
         let now_ms = req.now_ms;
         let incoming = req.incoming;
@@ -229,15 +236,16 @@ impl Session {
             }
             // The Responses API sends only what is new; a retry's earlier
             // attempt gives way to it.
-            Joins::Append | Joins::After(_) => match self.retried(st, req) {
-                Some(span) => {
-                    let from = span.input.start;
-                    let rewrite =
-                        self.supersede_from(st, policy, from, Rewrite::Retry, now_ms, &mut ops);
-                    (rewrite, 0)
-                }
-                None => (None, 0),
-            },
+            Joins::Append | Joins::After(_) => {
+                let from = retry_seq
+                    .and_then(|seq| seq.checked_sub(st.first_seq))
+                    .map(|i| i as usize)
+                    .filter(|&i| i < st.messages.len());
+                let rewrite = from.and_then(|from| {
+                    self.supersede_from(st, policy, from, Rewrite::Retry, now_ms, &mut ops)
+                });
+                (rewrite, 0)
+            }
             Joins::Fork(_) => (None, 0),
         };
         st.last_key = req.idempotency_key.map(str::to_owned);
@@ -313,16 +321,35 @@ impl Session {
         self.supersede_from(st, policy, superseded_from, reason, now_ms, ops)
     }
 
-    /// The Responses API's turn that says it retries, and whose input is
-    /// the newest response's (`chain::retried`).
-    fn retried(&self, st: &State, req: &TurnRequest<'_>) -> Option<chain::Span> {
+    /// What a Responses API turn does to this history (`chain::continues`);
+    /// `None` for the other turns.
+    fn continuation(&self, st: &State, req: &TurnRequest<'_>) -> Option<Continue> {
+        let after = match req.joins {
+            Joins::After(key) => Some(key),
+            Joins::Append => None,
+            Joins::Reconcile | Joins::Fork(_) => return None,
+        };
         let same_key = req
             .idempotency_key
             .is_some_and(|k| st.last_key.as_deref() == Some(k));
-        if !(req.retrying || same_key) {
-            return None;
+        let retrying = req.retrying || same_key;
+        Some(chain::continues(
+            &st.messages,
+            after,
+            req.incoming,
+            retrying,
+        ))
+    }
+
+    /// The history a Responses API turn after response `key` forks from,
+    /// if it forks: asked before the session's lease is taken, so that a
+    /// fork never interrupts the branch it leaves (`begin` asks again).
+    pub fn fork_point(&self, req: &TurnRequest<'_>) -> Option<Vec<Arc<Message>>> {
+        let st = self.state();
+        match self.continuation(&st, req)? {
+            Continue::Fork { end } => Some(st.messages[..end].to_vec()),
+            Continue::Unknown | Continue::Append { .. } => None,
         }
-        chain::retried(&st.messages, req.incoming)
     }
 
     /// Supersedes the messages from `from` on (but the session API's), for

@@ -155,6 +155,10 @@ impl Delta {
         self.content.as_deref()
     }
 
+    pub fn refusal(&self) -> Option<&str> {
+        self.refusal.as_deref()
+    }
+
     /// `Some` when choice 0 finished, with its reason if it gave one.
     pub fn finish_reason(&self) -> Option<Option<&str>> {
         self.finish_reason.as_ref().map(Option::as_deref)
