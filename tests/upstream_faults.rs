@@ -278,15 +278,18 @@ async fn each_upstream_fault_gets_a_clear_answer_and_keeps_the_users_message() {
         h.upstream.push(completion("recovered"));
         assert_eq!(h.say(&session, "and now?").await, "recovered", "{name}");
     }
-    // Nothing keeps running: relay tasks and drains have ended (a few pool
-    // tasks may come and go; one per case would be a leak).
-    // Generous: on a loaded machine drains and pool tasks end late.
+    // Nothing keeps running: relay tasks and drains have ended. A few pool
+    // tasks may come and go (the mock's connections, idle in recall's
+    // pool, live on this runtime: a loaded machine, where faults break
+    // connections at other moments, left 4 more twice); one per case, 13,
+    // would be a leak.
+    let slack = 6;
     let deadline = Instant::now() + Duration::from_secs(15);
-    while tasks() > before + 3 && Instant::now() < deadline {
+    while tasks() > before + slack && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        tasks() <= before + 3,
+        tasks() <= before + slack,
         "tasks before {before}, after {}",
         tasks()
     );
