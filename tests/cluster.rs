@@ -312,18 +312,6 @@ async fn expiry_ends_each_session_once_across_replicas_on_a_cluster() {
     assert_eq!(list["data"].as_array().unwrap().len(), 0, "{list}");
 }
 
-async fn respond(h: &Harness, body: Value) -> Value {
-    let resp = h
-        .client
-        .post(format!("{}/v1/responses", h.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
-}
-
 #[tokio::test]
 async fn response_chains_forks_and_conversations_live_on_the_cluster() {
     let Some((a, b, upstream)) = pair("").await else {
@@ -332,21 +320,19 @@ async fn response_chains_forks_and_conversations_live_on_the_cluster() {
     // Chains on several masters: each starts a session of its own.
     let mut firsts = Vec::new();
     for i in 0..6 {
-        firsts.push(respond(&a, json!({"model": "m", "input": format!("chain {i}")})).await);
+        firsts.push(
+            a.respond_ok(json!({"model": "m", "input": format!("chain {i}")}))
+                .await,
+        );
     }
     for (i, r1) in firsts.iter().enumerate() {
-        let r2 = respond(
-            &b,
-            json!({"model": "m", "input": "next", "previous_response_id": r1["id"]}),
-        )
-        .await;
+        let r2 = b
+            .respond_ok(json!({"model": "m", "input": "next", "previous_response_id": r1["id"]}))
+            .await;
         assert_eq!(upstream.last().transcript().len(), 3, "chain {i}");
         // A fork from the first response, on the other replica.
-        respond(
-            &a,
-            json!({"model": "m", "input": "other", "previous_response_id": r1["id"]}),
-        )
-        .await;
+        a.respond_ok(json!({"model": "m", "input": "other", "previous_response_id": r1["id"]}))
+            .await;
         let sent = upstream.last().transcript();
         assert_eq!(sent.len(), 3, "{sent:?}");
         assert_eq!(sent[0], format!("user: chain {i}"));
@@ -368,7 +354,8 @@ async fn response_chains_forks_and_conversations_live_on_the_cluster() {
         )
         .await;
     let id = c["id"].as_str().unwrap();
-    respond(&a, json!({"model": "m", "input": "hi", "conversation": id})).await;
+    a.respond_ok(json!({"model": "m", "input": "hi", "conversation": id}))
+        .await;
     let (_, got) = a
         .api(Method::GET, &format!("/v1/conversations/{id}"), None)
         .await;

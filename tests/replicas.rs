@@ -715,34 +715,18 @@ async fn a_write_for_an_ended_session_does_not_land_in_its_successor() {
     assert_eq!((stored.meta.created_ms, stored.version), (5, 2));
 }
 
-async fn respond(h: &Harness, body: serde_json::Value) -> serde_json::Value {
-    let resp = h
-        .client
-        .post(format!("{}/v1/responses", h.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
-}
-
 #[tokio::test]
 async fn a_response_chain_and_a_conversation_go_on_from_either_replica() {
     let Some((a, b, upstream)) = pair("").await else {
         return;
     };
-    let r1 = respond(&a, json!({"model": "m", "input": "one"})).await;
-    let r2 = respond(
-        &b,
-        json!({"model": "m", "input": "two", "previous_response_id": r1["id"]}),
-    )
-    .await;
-    let r3 = respond(
-        &a,
-        json!({"model": "m", "input": "three", "previous_response_id": r2["id"]}),
-    )
-    .await;
+    let r1 = a.respond_ok(json!({"model": "m", "input": "one"})).await;
+    let r2 = b
+        .respond_ok(json!({"model": "m", "input": "two", "previous_response_id": r1["id"]}))
+        .await;
+    let r3 = a
+        .respond_ok(json!({"model": "m", "input": "three", "previous_response_id": r2["id"]}))
+        .await;
     assert_eq!(
         upstream.last().transcript(),
         [
@@ -754,8 +738,7 @@ async fn a_response_chain_and_a_conversation_go_on_from_either_replica() {
         ]
     );
     // A fork made on B from a response A answered.
-    respond(
-        &b,
+    b.respond_ok(
         json!({"model": "m", "input": "two, otherwise", "previous_response_id": r1["id"]}),
     )
     .await;
@@ -776,7 +759,8 @@ async fn a_response_chain_and_a_conversation_go_on_from_either_replica() {
         )
         .await;
     let id = c["id"].as_str().unwrap();
-    respond(&b, json!({"model": "m", "input": "hi", "conversation": id})).await;
+    b.respond_ok(json!({"model": "m", "input": "hi", "conversation": id}))
+        .await;
     let (_, c) = b
         .api(Method::GET, &format!("/v1/conversations/{id}"), None)
         .await;

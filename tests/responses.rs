@@ -13,25 +13,11 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 async fn respond(h: &Harness, body: Value) -> (u16, Value) {
-    let resp = h
-        .client
-        .post(format!("{}/v1/responses", h.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    h.respond(body).await
 }
 
 async fn ok(h: &Harness, body: Value) -> Value {
-    let (status, r) = respond(h, body).await;
-    assert_eq!(status, 200, "{r}");
-    r
+    h.respond_ok(body).await
 }
 
 /// The session a response is kept in.

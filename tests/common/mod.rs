@@ -439,6 +439,30 @@ impl Harness {
         )
     }
 
+    /// POSTs to `/v1/responses` and returns the status and the parsed body.
+    pub async fn respond(&self, body: Value) -> (u16, Value) {
+        let resp = self
+            .client
+            .post(format!("{}/v1/responses", self.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// `respond`, which must answer 200: the Response.
+    pub async fn respond_ok(&self, body: Value) -> Value {
+        let (status, r) = self.respond(body).await;
+        assert_eq!(status, 200, "{r}");
+        r
+    }
+
     /// POSTs a chat completion for `session` (header form) and returns the
     /// response as it is, for tests that read it chunk by chunk.
     pub async fn post_chat(&self, session: &str, body: Value) -> reqwest::Response {

@@ -44,16 +44,11 @@ pub async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let access = app.client_access(&headers)?;
-    // Taken before anything is stored: a request turned away changes nothing.
-    let slot = app.upstream_slot()?;
-    let headers = without_client_key(&app, headers);
-    let bytes = super::read_body(&app, body).await?;
-    // The client's upload is its own pace: the proxy's time starts here.
-    let arrived = tokio::time::Instant::now();
+    let (arrival, bytes) = Arrival::read(&app, headers, body).await?;
+    let (access, headers) = (&arrival.access, &arrival.headers);
     let ChatRequest { body, messages } =
         parse_request(&bytes, app.config.server.max_request_messages)?;
-    let session_id = session_id(&app, &path, &headers, &body)?;
+    let session_id = session_id(&app, &path, headers, &body)?;
     if session_id.is_some() {
         one_streamed_choice(&body)?;
     }
@@ -63,10 +58,7 @@ pub async fn completions(
         missing: None,
     });
     let turn = Turn {
-        access,
-        slot,
-        headers,
-        arrived,
+        arrival,
         body,
         messages,
         session,
@@ -75,21 +67,48 @@ pub async fn completions(
     Ok(run(&app, turn).await?.response)
 }
 
-/// The client's key is recall's: the upstream gets its own or none.
-pub(crate) fn without_client_key(app: &App, mut headers: HeaderMap) -> HeaderMap {
-    if app.client_keys.is_some() {
-        headers.remove(axum::http::header::AUTHORIZATION);
+/// A request on the chat path as it arrived: whose it is, its place in
+/// `max_concurrent_upstream`, its headers (the client's key taken out:
+/// it is recall's, and the upstream gets its own or none), and when its
+/// body was read whole.
+pub(crate) struct Arrival {
+    pub access: Access,
+    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub headers: HeaderMap,
+    pub arrived: tokio::time::Instant,
+}
+
+impl Arrival {
+    /// Everything before the body is parsed, and the body.
+    pub(crate) async fn read(
+        app: &App,
+        mut headers: HeaderMap,
+        body: Body,
+    ) -> Result<(Self, bytes::Bytes), ApiError> {
+        let access = app.client_access(&headers)?;
+        // Taken before anything is stored: a request turned away changes
+        // nothing.
+        let slot = app.upstream_slot()?;
+        if app.client_keys.is_some() {
+            headers.remove(axum::http::header::AUTHORIZATION);
+        }
+        let bytes = super::read_body(app, body).await?;
+        // The client's upload is its own pace: the proxy's time starts here.
+        let arrived = tokio::time::Instant::now();
+        let arrival = Self {
+            access,
+            slot,
+            headers,
+            arrived,
+        };
+        Ok((arrival, bytes))
     }
-    headers
 }
 
 /// A checked request, ready to run through the chat path: chat's own, or
 /// one the Responses API translated.
 pub(crate) struct Turn {
-    pub access: Access,
-    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
-    pub headers: HeaderMap,
-    pub arrived: tokio::time::Instant,
+    pub arrival: Arrival,
     /// The body without `messages`.
     pub body: Map<String, Value>,
     pub messages: Vec<Message>,
@@ -136,10 +155,13 @@ pub(crate) struct Ran {
 /// vendor rewrite, relay.
 pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
     let Turn {
-        access,
-        slot,
-        headers,
-        arrived,
+        arrival:
+            Arrival {
+                access,
+                slot,
+                headers,
+                arrived,
+            },
         body,
         messages,
         session,

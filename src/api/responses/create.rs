@@ -35,11 +35,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let access = app.client_access(&headers)?;
-    let slot = app.upstream_slot()?;
-    let headers = chat::without_client_key(&app, headers);
-    let bytes = crate::api::read_body(&app, body).await?;
-    let arrived = tokio::time::Instant::now();
+    let (arrival, bytes) = chat::Arrival::read(&app, headers, body).await?;
     let body = chat::parse_body(&bytes)?;
     let fields: Map<String, Value> = ECHOED
         .iter()
@@ -59,7 +55,11 @@ pub async fn create(
         body: chat_body,
         mut messages,
     } = chat::request_of(t.chat, app.config.server.max_request_messages)?;
-    let conversation = match (&t.conversation, named_session(&app, &path, &headers)?) {
+    let access = arrival.access.clone();
+    let conversation = match (
+        &t.conversation,
+        named_session(&app, &path, &arrival.headers)?,
+    ) {
         (Some(id), _) => Some((id.clone(), true)),
         (None, Some(id)) if t.previous_response_id.is_none() => Some((id, false)),
         _ => None,
@@ -106,10 +106,7 @@ pub async fn create(
     )
     .await?;
     let turn = Turn {
-        access: access.clone(),
-        slot,
-        headers,
-        arrived,
+        arrival,
         body: chat_body,
         messages,
         session: Some(target),

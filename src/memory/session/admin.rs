@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::state::State;
 use super::{Policy, Refused, Session};
 use crate::config::OnNewRequest;
 use crate::memory::message::Message;
@@ -169,12 +170,22 @@ impl Session {
         messages: Vec<Message>,
         now_ms: i64,
     ) -> Result<Ticket, Refused> {
+        self.change_meta(policy, now_ms, |st| st.system_messages = messages)
+    }
+
+    /// Changes what the meta holds (written whole with the next batch).
+    pub(super) fn change_meta(
+        &self,
+        policy: &Policy,
+        now_ms: i64,
+        change: impl FnOnce(&mut State),
+    ) -> Result<Ticket, Refused> {
         let mut st = self.state();
         if st.ended {
             return Err(Refused::Ended);
         }
         self.touch(now_ms);
-        st.system_messages = messages;
+        change(&mut st);
         st.meta_changed();
         Ok(self.persist(&mut st, policy, Vec::new()))
     }

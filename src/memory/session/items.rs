@@ -21,14 +21,7 @@ impl Session {
         metadata: Map<String, Value>,
         now_ms: i64,
     ) -> Result<Ticket, Refused> {
-        let mut st = self.state();
-        if st.ended {
-            return Err(Refused::Ended);
-        }
-        self.touch(now_ms);
-        st.metadata = metadata;
-        st.meta_changed();
-        Ok(self.persist(&mut st, policy, Vec::new()))
+        self.change_meta(policy, now_ms, |st| st.metadata = metadata)
     }
 
     /// Forgets the response `key`: its mark goes, its messages stay in the
