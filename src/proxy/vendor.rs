@@ -162,6 +162,15 @@ impl Serialize for View<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let View(m, custom) = *self;
         if custom {
+            // A Responses API mark is recall's bookkeeping (it repeats the
+            // response's instructions and tools), not the conversation's.
+            if crate::memory::chain::record(m).is_some() {
+                let mut m = m.clone();
+                if let Some(md) = &mut m.metadata {
+                    md.remove(crate::memory::chain::KEY);
+                }
+                return m.serialize(serializer);
+            }
             return m.serialize(serializer);
         }
         let mut map = serializer.serialize_map(None)?;
@@ -252,5 +261,17 @@ mod tests {
                    "interruptable": true, "metadata": {"k": "v"}, "user": "u", "store": true,
                    "x_unknown": 2})
         );
+    }
+
+    #[test]
+    fn custom_mode_leaves_out_a_responses_mark() {
+        let mut h = history();
+        let Value::Object(mark) = json!({"key": "k", "input_items": 1, "instructions": "long"})
+        else {
+            unreachable!()
+        };
+        crate::memory::chain::mark(&mut h[0], mark);
+        let b = sent(&rules(true), &[], &h, Some(TurnInfo { turn_id: 2 }));
+        assert_eq!(b["messages"][0]["metadata"], json!({"source": "asr"}));
     }
 }
