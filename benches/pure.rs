@@ -168,14 +168,19 @@ fn bench_rewrite(c: &mut Criterion) {
     }
 }
 
-fn bench_accumulate(c: &mut Criterion) {
-    let chunks: Vec<String> = (0..50)
+/// 50 `chat.completion.chunk` events of one token each.
+fn chat_chunks() -> Vec<String> {
+    (0..50)
         .map(|i| {
             json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
                    "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}, "finish_reason": null}]})
             .to_string()
         })
-        .collect();
+        .collect()
+}
+
+fn bench_accumulate(c: &mut Criterion) {
+    let chunks = chat_chunks();
     c.bench_function("accumulate_50_chunks", |b| {
         b.iter(|| {
             let mut acc = ReplyAccumulator::default();
@@ -194,13 +199,7 @@ fn bench_responses_events(c: &mut Criterion) {
     use recall::api::responses::events::Events;
     use recall::api::responses::response::Echo;
     use recall::proxy::accumulate::Event;
-    let chunks: Vec<String> = (0..50)
-        .map(|i| {
-            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                   "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}, "finish_reason": null}]})
-            .to_string()
-        })
-        .collect();
+    let chunks = chat_chunks();
     let echo = Echo {
         id: "resp_Y2hhaW5fMTMzZDkzYmRhZTUzOTBmZmYwYjNmYjMz_1aba238cfdbc76ff".into(),
         items: "Y2hhaW5fMTMzZDkzYmRhZTUzOTBmZmYwYjNmYjMz_1".into(),

@@ -368,22 +368,12 @@ async fn a_stream_cut_by_its_client_is_stored_as_an_interrupted_response() {
         &["Once ", "upon ", "a ", "time ", "there ", "was"],
         Duration::from_millis(150),
     ));
-    let resp = h
-        .client
-        .post(format!("{}/v1/responses", h.url))
-        .json(&json!({"model": "m", "input": "tell me a story", "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    let mut stream: ByteStream = Box::pin(resp.bytes_stream());
-    let mut seen = String::new();
-    while !seen.contains("upon") {
-        let chunk = futures_util::StreamExt::next(&mut stream)
-            .await
-            .unwrap()
-            .unwrap();
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    let (stream, seen) = stream_response(
+        &h,
+        json!({"model": "m", "input": "tell me a story", "stream": true}),
+        "upon",
+    )
+    .await;
     let id = events(&seen)[0].1["response"]["id"]
         .as_str()
         .unwrap()
@@ -728,17 +718,7 @@ async fn stream_response(h: &Harness, body: Value, until: &str) -> (ByteStream, 
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut stream: ByteStream = Box::pin(resp.bytes_stream());
-    let mut seen = String::new();
-    while !seen.contains(until) {
-        let chunk = futures_util::StreamExt::next(&mut stream)
-            .await
-            .expect("stream ended early")
-            .unwrap();
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
-    (stream, seen)
+    read_until(resp, until).await
 }
 
 fn slow_story() -> Reply {

@@ -680,6 +680,12 @@ pub async fn stream_until(
             json!({"model": "m", "stream": true, "messages": [user(text)]}),
         )
         .await;
+    read_until(resp, until).await
+}
+
+/// Reads a streamed response (which must be a 200) until `until` has
+/// arrived; returns the rest of the stream and what was read.
+pub async fn read_until(resp: reqwest::Response, until: &str) -> (ByteStream, String) {
     assert_eq!(resp.status(), 200);
     let mut stream: ByteStream = Box::pin(resp.bytes_stream());
     let mut seen = String::new();

@@ -5,6 +5,7 @@
 //! ids that name their message (`ids::item`). Tenancy and the admin token
 //! apply as on the session API.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -43,18 +44,6 @@ fn item_not_found(id: &str) -> NotFound {
         id: id.to_owned(),
         param: None,
         code: "item_not_found",
-    }
-}
-
-fn target(
-    access: Option<Extension<Access>>,
-    path: &std::collections::HashMap<String, String>,
-) -> Target {
-    let access = access.map_or(Access::All, |Extension(a)| a);
-    let name = path.get("id").cloned().unwrap_or_default();
-    Target {
-        id: access.internal(&name).into_owned(),
-        name,
     }
 }
 
@@ -175,12 +164,7 @@ pub async fn create(
 }
 
 /// `GET /v1/conversations/{id}`
-pub async fn get(
-    State(app): State<Arc<App>>,
-    access: Option<Extension<Access>>,
-    PathParams(path): PathParams,
-) -> Result<Json<Value>, ApiError> {
-    let target = target(access, &path);
+pub async fn get(State(app): State<Arc<App>>, target: Target) -> Result<Json<Value>, ApiError> {
     let session = existing(&app, &target).await?;
     Ok(Json(conversation(&target.name, &session)))
 }
@@ -188,11 +172,9 @@ pub async fn get(
 /// `POST /v1/conversations/{id}` with `metadata`: replaces it.
 pub async fn update(
     State(app): State<Arc<App>>,
-    access: Option<Extension<Access>>,
-    PathParams(path): PathParams,
+    target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let target = target(access, &path);
     let body = object_body(&app, body).await?;
     let Some(metadata) = metadata(&body)? else {
         return Err(RequestError::invalid("missing `metadata`", Some("metadata")).into());
@@ -217,12 +199,7 @@ fn not_found_for_session(e: ApiError, name: &str) -> ApiError {
 
 /// `DELETE /v1/conversations/{id}`: ends the session, as the session API's
 /// end does (the `session_ended` webhook included).
-pub async fn delete(
-    State(app): State<Arc<App>>,
-    access: Option<Extension<Access>>,
-    PathParams(path): PathParams,
-) -> Result<Json<Value>, ApiError> {
-    let target = target(access, &path);
+pub async fn delete(State(app): State<Arc<App>>, target: Target) -> Result<Json<Value>, ApiError> {
     let session = existing(&app, &target).await?;
     let ended =
         crate::memory::lifecycle::end(&app, &session, crate::webhook::EndReason::Ended).await?;
@@ -237,11 +214,9 @@ pub async fn delete(
 /// `GET /v1/conversations/{id}/items`: newest first unless `order=asc`.
 pub async fn list_items(
     State(app): State<Arc<App>>,
-    access: Option<Extension<Access>>,
-    PathParams(path): PathParams,
+    target: Target,
     QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let target = target(access, &path);
     let session = existing(&app, &target).await?;
     let history = session.snapshot();
     let list = history
@@ -261,11 +236,9 @@ pub async fn list_items(
 /// calling the model.
 pub async fn add_items(
     State(app): State<Arc<App>>,
-    access: Option<Extension<Access>>,
-    PathParams(path): PathParams,
+    target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let target = target(access, &path);
     let body = object_body(&app, body).await?;
     let messages = new_items(&body, app.config.server.max_request_messages)?;
     if messages.is_empty() {
@@ -290,9 +263,22 @@ pub async fn add_items(
     })))
 }
 
+/// The item the path names (`{item_id}` in the conversation `target`), and
+/// the sequence number of its message; a 404 for a conversation or an item
+/// that is not there.
+async fn find_item(
+    app: &App,
+    target: &Target,
+    path: &HashMap<String, String>,
+) -> Result<(u64, Value), ApiError> {
+    let item_id = path.get("item_id").map_or("", String::as_str);
+    let session = existing(app, target).await?;
+    item_in(&target.name, &session, item_id).ok_or_else(|| item_not_found(item_id).into())
+}
+
 /// The message an item id names, if it is in this conversation and not
 /// deleted: its sequence number and the item.
-fn find_item(name: &str, session: &Session, item_id: &str) -> Option<(u64, Value)> {
+fn item_in(name: &str, session: &Session, item_id: &str) -> Option<(u64, Value)> {
     let (of, seq, _) = ids::parse_item(item_id)?;
     if of != name {
         return None;
@@ -312,14 +298,10 @@ fn find_item(name: &str, session: &Session, item_id: &str) -> Option<(u64, Value
 /// `GET /v1/conversations/{id}/items/{item_id}`
 pub async fn get_item(
     State(app): State<Arc<App>>,
-    access: Option<Extension<Access>>,
+    target: Target,
     PathParams(path): PathParams,
 ) -> Result<Json<Value>, ApiError> {
-    let target = target(access, &path);
-    let item_id = path.get("item_id").cloned().unwrap_or_default();
-    let session = existing(&app, &target).await?;
-    let (_, item) =
-        find_item(&target.name, &session, &item_id).ok_or_else(|| item_not_found(&item_id))?;
+    let (_, item) = find_item(&app, &target, &path).await?;
     Ok(Json(item))
 }
 
@@ -328,14 +310,10 @@ pub async fn get_item(
 /// goes whole); answers with the conversation.
 pub async fn delete_item(
     State(app): State<Arc<App>>,
-    access: Option<Extension<Access>>,
+    target: Target,
     PathParams(path): PathParams,
 ) -> Result<Json<Value>, ApiError> {
-    let target = target(access, &path);
-    let item_id = path.get("item_id").cloned().unwrap_or_default();
-    let session = existing(&app, &target).await?;
-    let (seq, _) =
-        find_item(&target.name, &session, &item_id).ok_or_else(|| item_not_found(&item_id))?;
+    let (seq, _) = find_item(&app, &target, &path).await?;
     let now = app.policy.clock.now_ms();
     let (session, deleted) = sessions::write(&app, &target, false, Turns::AsConfigured, |s| {
         s.delete_message(&app.policy, seq, now)
@@ -343,7 +321,8 @@ pub async fn delete_item(
     .await
     .map_err(|e| not_found_for_session(e, &target.name))?;
     if !deleted {
-        return Err(item_not_found(&item_id).into());
+        let item_id = path.get("item_id").map_or("", String::as_str);
+        return Err(item_not_found(item_id).into());
     }
     Ok(Json(conversation(&target.name, &session)))
 }

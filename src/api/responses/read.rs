@@ -16,8 +16,8 @@ use crate::api::auth::Access;
 use crate::api::sessions::{self, Turns};
 use crate::api::{PathParams, QueryParams};
 use crate::error::{ApiError, NotFound, RequestError};
-use crate::memory::chain;
-use crate::memory::session::Session;
+use crate::memory::chain::{self, Span};
+use crate::memory::session::{History, Session};
 use crate::server::app::App;
 
 /// A response's session, as the caller names it and as it is kept.
@@ -62,16 +62,27 @@ async fn find(app: &App, access: &Access, id: &str) -> Result<Found, ApiError> {
     })
 }
 
+/// The response the path names, with a copy of its session's history and
+/// where it sits there.
+async fn located(
+    app: &App,
+    access: Option<Extension<Access>>,
+    path: &std::collections::HashMap<String, String>,
+) -> Result<(Found, History, Span), ApiError> {
+    let id = id_param(path);
+    let found = find(app, &access_of(access), &id).await?;
+    let history = found.session.snapshot();
+    let span = chain::find(&history.messages, &found.key).ok_or_else(|| not_found(&id))?;
+    Ok((found, history, span))
+}
+
 /// `GET /v1/responses/{id}`
 pub async fn get(
     State(app): State<Arc<App>>,
     access: Option<Extension<Access>>,
     PathParams(path): PathParams,
 ) -> Result<Json<Value>, ApiError> {
-    let id = id_param(&path);
-    let found = find(&app, &access_of(access), &id).await?;
-    let history = found.session.snapshot();
-    let span = chain::find(&history.messages, &found.key).ok_or_else(|| not_found(&id))?;
+    let (found, history, span) = located(&app, access, &path).await?;
     let newest = span.output.end == history.messages.len();
     items::response(
         &history.messages,
@@ -81,7 +92,7 @@ pub async fn get(
         history.in_flight && newest,
     )
     .map(Json)
-    .ok_or_else(|| not_found(&id).into())
+    .ok_or_else(|| not_found(&id_param(&path)).into())
 }
 
 /// `DELETE /v1/responses/{id}`: the response can no longer be read or
@@ -121,10 +132,7 @@ pub async fn input_items(
     PathParams(path): PathParams,
     QueryParams(q): QueryParams<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = id_param(&path);
-    let found = find(&app, &access_of(access), &id).await?;
-    let history = found.session.snapshot();
-    let span = chain::find(&history.messages, &found.key).ok_or_else(|| not_found(&id))?;
+    let (found, history, span) = located(&app, access, &path).await?;
     let list = span
         .input
         .flat_map(|i| {
