@@ -160,7 +160,10 @@ fn bench_rewrite(c: &mut Criterion) {
                     &body,
                     &instructions,
                     &window,
-                    Some(TurnInfo { turn_id: 9 }),
+                    Some(TurnInfo {
+                        turn_id: 9,
+                        summary: None,
+                    }),
                     1,
                 )
             })

@@ -130,6 +130,9 @@ pub enum ApiError {
     Storage(#[from] crate::store::StorageError),
     #[error("recall is at its limit of {limit} upstream calls at once (server.max_concurrent_upstream); retry shortly")]
     Overloaded { limit: usize },
+    /// The summary model wrote nothing that could be kept.
+    #[error("{0}; the summary is unchanged")]
+    SummaryModel(#[from] crate::summarizer::ModelError),
 }
 
 impl UpstreamError {
@@ -254,6 +257,12 @@ impl ApiError {
                 "server_error",
                 None,
                 Some("overloaded"),
+            ),
+            ApiError::SummaryModel(_) => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                None,
+                Some("summary_failed"),
             ),
             ApiError::Upstream(e) => match e {
                 UpstreamError::Unreachable { .. } => (

@@ -151,7 +151,10 @@ pub fn request_reconcile(data: &[u8]) {
             &body,
             &instructions,
             &window.messages,
-            Some(TurnInfo { turn_id: turn }),
+            Some(TurnInfo {
+                turn_id: turn,
+                summary: None,
+            }),
             3,
         )
         .expect("the upstream body serialises");

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod store;
+pub mod summarizer;
 pub mod webhook;
 
 pub use config::Config;

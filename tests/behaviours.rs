@@ -117,6 +117,7 @@ impl World {
                 failure_message: Some("Sorry, try again.".into()),
                 ..HistoryConfig::default()
             },
+            memory: Default::default(),
             on_new_request: OnNewRequest::Interrupt,
             metrics: Arc::new(Metrics::default()),
             notifier: Arc::new(LogOnly),

@@ -17,11 +17,13 @@ use recall::memory::interruption::{
 };
 use recall::memory::message::{Message, Role};
 use recall::memory::reconcile::{reconcile, Hints};
-use recall::memory::render::{check, outbound};
+use recall::memory::render::{check, outbound, outbound_reaching, Reach};
+use recall::memory::summary::{fold, Due, Remembered, Summary};
 use recall::memory::tokens::Encoding;
 use recall::memory::window::{keep_start, keep_start_bytes, Limits};
 use recall::proxy::vendor::VendorRules;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// A few hundred cases each: enough to shrink to small counterexamples,
 /// and the whole file runs in well under a second.
@@ -424,5 +426,67 @@ proptest! {
         prop_assert!(r.shortened.is_empty());
         // Nothing stored is superseded by a plain resend.
         prop_assert!(r.superseded_from().is_none_or(|i| i == h.len()));
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Turn after turn of a growing history, with a running summary folded
+    /// whenever it is due: the window reaches back to the summary's end
+    /// and sends everything from there as the whole rendering would; folds
+    /// follow one another with nothing skipped; and a fold never ends
+    /// inside a tool group. So every message is in the window or folded.
+    #[test]
+    fn a_summary_and_its_window_leave_nothing_out(
+        h in history(),
+        l in limits(),
+        every in 1usize..5,
+        custom in any::<bool>(),
+    ) {
+        let h: Vec<Arc<Message>> = h
+            .into_iter()
+            .filter(|m| !m.is_instruction())
+            .map(Arc::new)
+            .collect();
+        let r = VendorRules {
+            custom,
+            interruptable: true,
+            strip_fields: Vec::new(),
+            interrupted: InterruptedRendering::Truncated,
+            interrupted_marker: String::new(),
+            roles: Roles::Any,
+        };
+        let mut remembered = Remembered::default();
+        let due = Due { messages: every, tokens: 0, encoding: Encoding::Approx };
+        for end in 1..=h.len() {
+            let turn = &h[..end];
+            let from = remembered.uncovered_from(0) as usize;
+            let reach = Reach { from: from.min(end), max: usize::MAX };
+            let sent = outbound_reaching(turn, &r, l, Some(reach));
+            prop_assert!(!sent.gap);
+            // What is sent is what the whole rendering ends with, and all
+            // it leaves out is what the summary covers.
+            let whole = outbound(turn, &r, Limits::default()).messages;
+            prop_assert!(sent.messages.len() <= whole.len());
+            let tail = &whole[whole.len() - sent.messages.len()..];
+            prop_assert_eq!(&sent.messages[..], tail);
+            let covered = outbound(&turn[..from.min(end)], &r, Limits::default()).messages;
+            prop_assert!(whole.len() - sent.messages.len() <= covered.len(),
+                "{} messages left out, the summary covers {}", whole.len() - sent.messages.len(), covered.len());
+            if let Some(f) = fold(turn, 0, &remembered, sent.plain_start, Some(due)) {
+                prop_assert_eq!(f.from, from as u64, "a fold skipped messages");
+                let end_at = f.until as usize;
+                prop_assert!(end_at == turn.len() || !turn[end_at].is_tool_result(),
+                    "a fold ends inside a tool group at {}", end_at);
+                remembered.summary = Some(Summary {
+                    text: "s".into(),
+                    until: f.until,
+                    model: "m".into(),
+                    at_ms: 0,
+                    covered_tokens: 0,
+                });
+            }
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub(crate) mod chat;
+pub(crate) mod memory;
 mod models;
 pub mod observe;
 pub mod responses;
@@ -71,6 +72,11 @@ fn v1(app: &Arc<App>) -> Router<Arc<App>> {
             get(sessions::system_messages).put(sessions::set_system_messages),
         )
         .route("/sessions/{id}/interrupt", post(sessions::interrupt))
+        .route(
+            "/sessions/{id}/summary",
+            axum::routing::put(memory::put_summary),
+        )
+        .route("/sessions/{id}/summarize", post(memory::summarize))
         .route(
             "/responses/{id}",
             get(responses::get).delete(responses::delete),

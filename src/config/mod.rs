@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 mod memory;
 mod server;
 mod storage;
+mod summary;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -18,6 +19,7 @@ mod webhook;
 pub use memory::*;
 pub use server::*;
 pub use storage::*;
+pub use summary::*;
 pub use upstream::*;
 pub use webhook::*;
 
@@ -49,6 +51,8 @@ pub struct Config {
     pub history: HistoryConfig,
     #[serde(default)]
     pub interruption: InterruptionConfig,
+    #[serde(default)]
+    pub memory: MemoryConfig,
     #[serde(default)]
     pub storage: StorageConfig,
     #[serde(default)]

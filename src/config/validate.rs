@@ -190,6 +190,63 @@ impl Config {
                 }
             }
         }
+        self.validate_memory()
+            .map_err(|(k, m)| invalid(&format!("memory.{k}"), &m))?;
+        Ok(())
+    }
+
+    /// `[memory]`: the failing key (within the section) and why.
+    fn validate_memory(&self) -> Result<(), (&'static str, String)> {
+        let m = &self.memory;
+        if !m.uses_model() {
+            return Ok(());
+        }
+        let Some(model) = &m.summary_model else {
+            return Err((
+                "summary_model",
+                "must name the model that writes summaries (summarize or carry_over is on)".into(),
+            ));
+        };
+        if !self.upstreams.iter().any(|u| {
+            u.models
+                .iter()
+                .any(|p| wildmatch::WildMatch::new(p).matches(model))
+        }) {
+            return Err((
+                "summary_model",
+                format!("({model:?}) is served by no upstream's `models`"),
+            ));
+        }
+        for (key, template, slot) in [
+            ("summary_template", &m.summary_template, "{summary}"),
+            ("carry_over_template", &m.carry_over_template, "{note}"),
+        ] {
+            if !template.contains(slot) {
+                return Err((key, format!("must contain {slot}")));
+            }
+        }
+        for (key, value) in [
+            ("summary_every_messages", m.summary_every_messages),
+            ("summary_max_chars", m.summary_max_chars),
+            ("summary_concurrency", m.summary_concurrency),
+            ("carry_over_max_chars", m.carry_over_max_chars),
+        ] {
+            if value == 0 {
+                return Err((key, "must be at least 1".into()));
+            }
+        }
+        if m.summary_timeout_secs == 0 || m.summary_attempts == 0 {
+            return Err((
+                "summary_timeout_secs",
+                "and summary_attempts must be at least 1".into(),
+            ));
+        }
+        if m.summary_prompt.trim().is_empty() || m.carry_over_prompt.trim().is_empty() {
+            return Err((
+                "summary_prompt",
+                "and carry_over_prompt must not be empty".into(),
+            ));
+        }
         Ok(())
     }
 }

@@ -72,6 +72,7 @@ async fn end_when(
         ended_at,
         system_messages: ended.system_messages.clone(),
         contents: ended.contents.clone(),
+        summary: ended.remembered.summary.clone(),
     };
     // With a webhook and durable storage, the event is kept in the same
     // write as the deletion: the memory leaves storage only as an event.

@@ -10,6 +10,7 @@ pub mod message;
 pub mod reconcile;
 pub mod render;
 pub mod session;
+pub mod summary;
 pub mod tokens;
 pub mod turns;
 pub mod window;

@@ -16,6 +16,7 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
 use crate::memory::message::Message;
+use crate::memory::summary::Summary;
 
 /// What a vendor mode decides, taken from an upstream's config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,8 +53,11 @@ impl VendorRules {
 
 /// What the session knows about the turn being sent, if there is a session.
 #[derive(Debug, Clone, Copy)]
-pub struct TurnInfo {
+pub struct TurnInfo<'a> {
     pub turn_id: u64,
+    /// The session's running summary, which vendor "custom" also gets as
+    /// `recall_summary`.
+    pub summary: Option<&'a Summary>,
 }
 
 /// The upstream body, serialised: the client's `body` with its messages
@@ -66,7 +70,7 @@ pub fn rewrite<H: Borrow<Message>>(
     body: &Map<String, Value>,
     instructions: &[Message],
     history: &[H],
-    turn: Option<TurnInfo>,
+    turn: Option<TurnInfo<'_>>,
     now_ms: i64,
 ) -> serde_json::Result<Vec<u8>> {
     serde_json::to_vec(&UpstreamBody {
@@ -79,12 +83,15 @@ pub fn rewrite<H: Borrow<Message>>(
     })
 }
 
+/// The body field that carries the running summary in vendor "custom".
+pub const RECALL_SUMMARY: &str = "recall_summary";
+
 struct UpstreamBody<'a, H> {
     rules: &'a VendorRules,
     body: &'a Map<String, Value>,
     instructions: &'a [Message],
     history: &'a [H],
-    turn: Option<TurnInfo>,
+    turn: Option<TurnInfo<'a>>,
     now_ms: i64,
 }
 
@@ -96,7 +103,7 @@ impl<H: Borrow<Message>> UpstreamBody<'_, H> {
         let ours = match key {
             "session_id" => !self.rules.custom,
             "turn_id" => !self.rules.custom || self.turn.is_some(),
-            "timestamp" | "interruptable" => true,
+            "timestamp" | "interruptable" | RECALL_SUMMARY => true,
             _ => false,
         };
         ours || self.stripped(key)
@@ -131,6 +138,10 @@ impl<H: Borrow<Message>> Serialize for UpstreamBody<'_, H> {
             }
             if !self.stripped("interruptable") {
                 map.serialize_entry("interruptable", &self.rules.interruptable)?;
+            }
+            let summary = self.turn.and_then(|t| t.summary);
+            if let (Some(s), false) = (summary, self.stripped(RECALL_SUMMARY)) {
+                map.serialize_entry(RECALL_SUMMARY, &s.view())?;
             }
         }
         map.end()
@@ -230,7 +241,10 @@ mod tests {
             &rules(false),
             &sys,
             &history(),
-            Some(TurnInfo { turn_id: 2 }),
+            Some(TurnInfo {
+                turn_id: 2,
+                summary: None,
+            }),
         );
         assert_eq!(
             b,
@@ -249,7 +263,10 @@ mod tests {
             &rules(true),
             &sys,
             &history(),
-            Some(TurnInfo { turn_id: 2 }),
+            Some(TurnInfo {
+                turn_id: 2,
+                summary: None,
+            }),
         );
         assert_eq!(
             b,
@@ -271,7 +288,37 @@ mod tests {
             unreachable!()
         };
         crate::memory::chain::mark(&mut h[0], mark);
-        let b = sent(&rules(true), &[], &h, Some(TurnInfo { turn_id: 2 }));
+        let b = sent(
+            &rules(true),
+            &[],
+            &h,
+            Some(TurnInfo {
+                turn_id: 2,
+                summary: None,
+            }),
+        );
         assert_eq!(b["messages"][0]["metadata"], json!({"source": "asr"}));
+    }
+
+    #[test]
+    fn custom_mode_gets_the_running_summary_as_a_field_and_openai_does_not() {
+        let summary = Summary {
+            text: "Ada likes tea.".into(),
+            until: 8,
+            model: "m".into(),
+            at_ms: 3,
+            covered_tokens: 40,
+        };
+        let turn = Some(TurnInfo {
+            turn_id: 2,
+            summary: Some(&summary),
+        });
+        let b = sent(&rules(true), &[], &history(), turn);
+        assert_eq!(
+            b[RECALL_SUMMARY],
+            json!({"text": "Ada likes tea.", "last_seq": 7, "model": "m", "created_at": 3})
+        );
+        let b = sent(&rules(false), &[], &history(), turn);
+        assert!(b.get(RECALL_SUMMARY).is_none(), "{b}");
     }
 }

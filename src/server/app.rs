@@ -1,5 +1,6 @@
 //! The application: shared state, the router with its layers, and serving.
 
+use crate::summarizer::{Summarizer, UpstreamModel};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,8 @@ pub struct App {
     pub sweep_now: Arc<Notify>,
     /// The configured `[[system_messages]]`, ready to send.
     pub instructions: Vec<Message>,
+    /// The summary model's jobs, with `[memory] summarize` or `carry_over`.
+    pub summarizer: Option<Arc<Summarizer>>,
 }
 
 impl App {
@@ -79,6 +82,7 @@ impl App {
         };
         let policy = Arc::new(Policy {
             history: config.history.clone(),
+            memory: config.memory.clone(),
             on_new_request: config.interruption.on_new_request,
             metrics: Arc::clone(&metrics),
             notifier: Arc::clone(&notifier),
@@ -87,6 +91,7 @@ impl App {
         });
         let unstored = Arc::new(Policy {
             history: config.history.clone(),
+            memory: config.memory.clone(),
             on_new_request: config.interruption.on_new_request,
             metrics: Arc::clone(&metrics),
             notifier: Arc::new(LogOnly),
@@ -103,6 +108,23 @@ impl App {
         if admin_token.is_none() && client_keys.is_none() {
             tracing::warn!("the /v1/sessions API is open: set [admin] token_env to protect it");
         }
+        let summarizer = config
+            .memory
+            .summary_model
+            .as_ref()
+            .filter(|_| config.memory.uses_model())
+            .and_then(|model| {
+                let upstream = Arc::clone(upstreams.route(model)?);
+                let model = Arc::new(UpstreamModel {
+                    upstream,
+                    model: model.clone(),
+                });
+                Some(Arc::new(Summarizer::new(
+                    config.memory.clone(),
+                    model,
+                    Arc::clone(&metrics),
+                )))
+            });
         let limit = config.server.max_concurrent_upstream;
         let upstream_slots = (limit > 0).then(|| Arc::new(tokio::sync::Semaphore::new(limit)));
         let app = Arc::new(Self {
@@ -119,6 +141,7 @@ impl App {
             upstream_slots,
             sweep_now: Arc::new(Notify::new()),
             instructions,
+            summarizer,
         });
         // Another replica asks for this one's reply in flight to stop.
         let weak = Arc::downgrade(&app);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::memory::message::Message;
+use crate::memory::summary::Remembered;
 
 /// Everything about a session but its messages.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -21,6 +22,9 @@ pub struct Meta {
     /// string pairs, kept as the client set them.
     #[serde(default)]
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// The running summary and the carried note.
+    #[serde(default)]
+    pub remembered: Remembered,
 }
 
 /// A session as read back from storage.

@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use crate::memory::message::Message;
 use crate::memory::reconcile::Rewrite;
+use crate::memory::summary::Summary;
 use crate::memory::window::{TrimReason, TrimScope};
 
 mod http;
@@ -54,6 +55,9 @@ pub enum Event {
         ended_at: i64,
         system_messages: Vec<Message>,
         contents: Vec<Arc<Message>>,
+        /// The running summary when the session ended.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        summary: Option<Summary>,
     },
     HistoryTrimmed {
         session_id: String,

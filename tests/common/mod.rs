@@ -79,8 +79,53 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// The model name the summary tests route to this mock as their summary
+/// model: its requests are answered by `SummaryMode`, not the script.
+pub const SUMMARIZER: &str = "summarizer";
+
+/// How the mock answers requests for `SUMMARIZER`.
+#[derive(Clone, Debug, Default)]
+pub enum SummaryMode {
+    /// `Known: a | b`: what the summary so far knew, then every `user:`
+    /// line of the fold (a carry-over request: the note and the summary's
+    /// items), in order and without repeats.
+    #[default]
+    Fold,
+    /// The fold's answer, after a delay.
+    Slow(Duration),
+    /// This status, with an error body.
+    Fail(u16),
+    /// This text, whatever was asked.
+    Text(String),
+}
+
+/// The mock summary model's answer to a fold or carry-over request.
+pub fn fold_answer(request: &Value) -> String {
+    let asked = request["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    let mut known: Vec<String> = Vec::new();
+    let mut add = |item: &str| {
+        let item = item.trim();
+        if !item.is_empty() && !known.iter().any(|k| k == item) {
+            known.push(item.to_owned());
+        }
+    };
+    for line in asked.lines() {
+        if let Some(items) = line.strip_prefix("Known: ") {
+            items.split(" | ").for_each(&mut add);
+        } else if let Some(said) = line.strip_prefix("user: ") {
+            add(said);
+        }
+    }
+    format!("Known: {}", known.join(" | "))
+}
+
 #[derive(Default)]
 struct MockState {
+    summary_mode: Mutex<SummaryMode>,
     script: Mutex<VecDeque<Reply>>,
     received: Mutex<Vec<Received>>,
     /// Streams whose body was dropped before its last chunk was written.
@@ -147,6 +192,18 @@ impl MockUpstream {
     pub fn peak_open(&self) -> usize {
         self.state.peak.load(Ordering::SeqCst)
     }
+
+    /// How requests for `SUMMARIZER` are answered from now on.
+    pub fn summaries(&self, mode: SummaryMode) {
+        *self.state.summary_mode.lock().unwrap() = mode;
+    }
+
+    /// The requests for `SUMMARIZER`, and the others.
+    pub fn split(&self) -> (Vec<Received>, Vec<Received>) {
+        self.received()
+            .into_iter()
+            .partition(|r| r.body["model"] == SUMMARIZER)
+    }
 }
 
 /// A request being answered: counted open until dropped (with the
@@ -187,11 +244,39 @@ async fn mock_handler(
     let open = Open::begin(&state).await;
     let n = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let summary_request = (body["model"] == SUMMARIZER).then(|| body.clone());
     state.received.lock().unwrap().push(Received {
         path: uri.path().to_owned(),
         headers,
         body,
     });
+    if let Some(request) = summary_request {
+        let mode = state.summary_mode.lock().unwrap().clone();
+        let answer = match mode {
+            SummaryMode::Fold => fold_answer(&request),
+            SummaryMode::Slow(d) => {
+                tokio::time::sleep(d).await;
+                fold_answer(&request)
+            }
+            SummaryMode::Fail(status) => {
+                return json_response(
+                    status,
+                    json!({"error": {"message": "summary model down", "type": "server_error"}}),
+                    &[],
+                )
+            }
+            SummaryMode::Text(t) => t,
+        };
+        let Reply::Json {
+            status,
+            body,
+            headers,
+        } = completion(&answer)
+        else {
+            unreachable!()
+        };
+        return json_response(status, body, &headers);
+    }
     if uri.path().ends_with("/models") {
         return json_response(
             200,

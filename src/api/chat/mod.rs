@@ -214,6 +214,9 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
                 joins: Joins::Reconcile,
             };
             let (mut prepared, flight, ran_in) = open_turn(app, target, turn).await?;
+            if let Some(fold) = prepared.fold.take() {
+                crate::api::memory::fold_in_background(app, &ran_in, fold);
+            }
             // The upstream call does not wait for the user's message to be
             // stored: the two overlap, and the reply's end (what tells the
             // client the turn happened) waits for both.
@@ -235,10 +238,14 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         incarnation,
         rewrite,
         reply_seq,
+        remembered,
         ..
     } = prepared;
     let session_id = ran_in;
-    let turn = session_id.as_ref().map(|_| TurnInfo { turn_id });
+    let turn = session_id.as_ref().map(|_| TurnInfo {
+        turn_id,
+        summary: remembered.summary.as_ref(),
+    });
     if turn.is_some() {
         tracing::Span::current().record("turn", turn_id);
     }
@@ -247,6 +254,10 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         .iter()
         .cloned()
         .chain(system_messages)
+        .chain(crate::api::memory::injected(
+            &app.config.memory,
+            &remembered,
+        ))
         .chain(instructions)
         .collect();
 

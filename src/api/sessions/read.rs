@@ -14,7 +14,7 @@ use super::QueryParams;
 use super::*;
 use crate::api::auth::Access;
 use crate::error::{ApiError, RequestError};
-use crate::memory::session::Summary;
+use crate::memory::session::Overview;
 use crate::server::app::App;
 
 #[derive(Debug, Deserialize)]
@@ -36,7 +36,7 @@ pub async fn list(
     // Ids sort by tenant first: a tenant's sessions follow `<tenant>:`.
     let after = access.internal(q.after.as_deref().unwrap_or_default());
     let after = Some(after.as_ref()).filter(|a| !a.is_empty());
-    let mut data: Vec<Summary> = if app.policy.storage.persistent() {
+    let mut data: Vec<Overview> = if app.policy.storage.persistent() {
         let listed = app
             .policy
             .storage
@@ -47,8 +47,8 @@ pub async fn list(
             .filter(|l| access.show(&l.id).is_some())
             .map(|l| match app.sessions.get(&l.id) {
                 // The working set knows whether a reply is in flight.
-                Some(live) => live.summary(),
-                None => Summary::from_listed(l),
+                Some(live) => live.overview(),
+                None => Overview::from_listed(l),
             })
             .collect()
     } else {
@@ -64,7 +64,7 @@ pub async fn list(
         sessions
             .iter()
             .take(limit + 1)
-            .map(|s| s.summary())
+            .map(|s| s.overview())
             .collect()
     };
     for s in &mut data {
@@ -85,7 +85,7 @@ pub async fn list(
 
 /// `GET /v1/sessions/{id}`: one session's summary.
 pub async fn get(State(app): State<Arc<App>>, target: Target) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(existing(&app, &target).await?.summary())))
+    Ok(Json(json!(existing(&app, &target).await?.overview())))
 }
 
 #[derive(Debug, Deserialize)]

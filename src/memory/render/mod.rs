@@ -50,6 +50,19 @@ pub struct Sent {
     pub start: usize,
     /// The limit that one more message would have exceeded, if any.
     pub reason: Option<TrimReason>,
+    /// Where the window would have begun without its `Reach`.
+    pub plain_start: usize,
+    /// The reach was given up: it would have added more than its `max`.
+    pub gap: bool,
+}
+
+/// How far back a window reaches past its limits: to the stored index
+/// `from` (where the running summary ends), unless that adds more than
+/// `max` messages to the plain window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    pub from: usize,
+    pub max: usize,
 }
 
 /// A stored message, as `outbound` can share it.
@@ -71,6 +84,19 @@ impl Stored for Message {
 
 /// The messages to send upstream for `history` (see the module's docs).
 pub fn outbound<H: Stored>(history: &[H], rules: &VendorRules, limits: Limits) -> Sent {
+    outbound_reaching(history, rules, limits, None)
+}
+
+/// `outbound`, with the window reaching back to `reach.from` past its
+/// limits (whole units, so a tool group stays whole), unless that would
+/// add more than `reach.max` messages: then the plain window is sent and
+/// `gap` says so.
+pub fn outbound_reaching<H: Stored>(
+    history: &[H],
+    rules: &VendorRules,
+    limits: Limits,
+    reach: Option<Reach>,
+) -> Sent {
     let units = Units {
         history,
         rules,
@@ -95,8 +121,14 @@ pub fn outbound<H: Stored>(history: &[H], rules: &VendorRules, limits: Limits) -
     let mut totals = Cost::default();
     let mut holds_user = false;
     let mut reason = None;
+    // Once the limits stop the plain window inside the reach: how many
+    // units it kept, and the messages added past it since.
+    let mut plain: Option<(usize, Option<TrimReason>)> = None;
+    let mut reached = 0;
+    let mut gap = false;
     for unit in units {
         let protected = unit.from >= floor || window.is_empty();
+        let in_reach = reach.filter(|r| unit.from >= r.from);
         let cost = unit.cost(limits, rules.custom);
         // Merging with the oldest unit so far, if the upstream needs roles
         // to alternate.
@@ -110,11 +142,24 @@ pub fn outbound<H: Stored>(history: &[H], rules: &VendorRules, limits: Limits) -
             tokens: cost.tokens + if merge { 1 } else { 0 },
         };
         let total = totals.plus(added);
-        if !protected {
+        if !protected && plain.is_none() {
             reason = limits.exceeded_by(total);
             if reason.is_some() {
+                if in_reach.is_none() {
+                    break;
+                }
+                plain = Some((kept, reason));
+            }
+        }
+        if let (Some(r), Some(_)) = (in_reach, plain) {
+            reached += added.messages;
+            if reached > r.max {
+                gap = true;
                 break;
             }
+        } else if plain.is_some() {
+            // Past the reach: the window ends where the reach did.
+            break;
         }
         totals = total;
         let is_user = unit.role() == "user";
@@ -137,6 +182,24 @@ pub fn outbound<H: Stored>(history: &[H], rules: &VendorRules, limits: Limits) -
     if reason.is_none() && !alternate {
         kept = window.len();
     }
+    let mut plain_kept = kept;
+    match (plain, reach) {
+        (Some((k, _)), _) if gap => {
+            kept = k;
+            plain_kept = k;
+        }
+        (Some((k, _)), Some(r)) => {
+            // Everything reached is sent, whatever role it begins with:
+            // the summary before it says what came first.
+            kept = kept.max(window.iter().take_while(|u| u.from >= r.from).count());
+            plain_kept = k;
+        }
+        _ => {}
+    }
+    let plain_start = match plain_kept {
+        0 => history.len(),
+        k => window[k - 1].from,
+    };
     window.truncate(kept);
     let start = window.last().map_or(history.len(), |u| u.from);
     let mut messages = Vec::with_capacity(window.iter().map(Unit::len).sum());
@@ -148,6 +211,8 @@ pub fn outbound<H: Stored>(history: &[H], rules: &VendorRules, limits: Limits) -
         messages,
         start,
         reason,
+        plain_start: if plain.is_some() { plain_start } else { start },
+        gap,
     }
 }
 

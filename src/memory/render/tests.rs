@@ -306,3 +306,59 @@ fn a_legacy_call_after_a_reply_is_neither_merged_nor_refused() {
         assert!(legacy_call(&sent.messages[2]));
     }
 }
+
+/// `outbound_reaching` over `h` with a window of `n` messages.
+fn reaching(h: &[Message], n: usize, from: usize, max: usize) -> Sent {
+    outbound_reaching(h, &rules(), count(n), Some(Reach { from, max }))
+}
+
+#[test]
+fn the_window_reaches_back_to_the_summary_and_says_where_it_would_have_begun() {
+    let h = [u("1"), a("2"), u("3"), a("4"), u("5"), a("6"), u("7")];
+    let plain = outbound(&h, &rules(), count(3));
+    assert_eq!((plain.start, plain.plain_start), (4, 4));
+    let sent = reaching(&h, 3, 2, 10);
+    assert_eq!(sent.messages.len(), 5);
+    assert_eq!((sent.start, sent.plain_start, sent.gap), (2, 4, false));
+    assert_eq!(sent.reason, Some(TrimReason::MaxMessages));
+    check(&sent.messages, Roles::Any, false).unwrap();
+    // The summary covers more than the window leaves out: the plain window.
+    let sent = reaching(&h, 3, 5, 10);
+    assert_eq!((sent.start, sent.plain_start), (4, 4));
+    // Everything is reached: nothing left out.
+    let sent = reaching(&h, 3, 0, 10);
+    assert_eq!((sent.start, sent.messages.len()), (0, 7));
+}
+
+#[test]
+fn a_reach_past_its_limit_is_given_up_for_the_plain_window() {
+    let h = [u("1"), a("2"), u("3"), a("4"), u("5"), a("6"), u("7")];
+    let sent = reaching(&h, 3, 0, 3);
+    assert!(sent.gap);
+    assert_eq!((sent.start, sent.plain_start), (4, 4));
+    assert_eq!(sent.messages.len(), 3);
+    // Exactly at the limit, it reaches.
+    let sent = reaching(&h, 3, 0, 4);
+    assert!(!sent.gap);
+    assert_eq!(sent.start, 0);
+}
+
+#[test]
+fn a_reach_takes_a_tool_group_whole() {
+    let h = [
+        u("q"),
+        call(Value::Null, &["c1", "c2"]),
+        result("c1"),
+        result("c2"),
+        a("done"),
+        u("next"),
+        a("ok"),
+        u("last"),
+    ];
+    // A window of 3 begins at "next" (index 5); the summary ends at the
+    // call (index 1): the group goes whole.
+    let sent = reaching(&h, 3, 1, 10);
+    assert_eq!((sent.start, sent.plain_start), (1, 5));
+    assert_eq!(sent.messages.len(), 7);
+    check(&sent.messages, Roles::Any, true).unwrap();
+}

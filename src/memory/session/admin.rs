@@ -10,11 +10,13 @@ use super::state::State;
 use super::{Policy, Refused, Session};
 use crate::config::OnNewRequest;
 use crate::memory::message::Message;
+use crate::memory::summary::Remembered;
 use crate::memory::turns;
 use crate::store::{Listed, Op, Ticket};
 
+/// A session as listings and `GET /v1/sessions/{id}` show it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Summary {
+pub struct Overview {
     pub id: String,
     pub message_count: usize,
     pub turn_id: u64,
@@ -22,12 +24,27 @@ pub struct Summary {
     pub last_active_at: i64,
     pub users: Vec<String>,
     pub in_flight: bool,
+    /// The running summary (`summary::View`), if there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Value>,
+    /// The note carried in from the user's last session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carried_note: Option<String>,
 }
 
-impl Summary {
+/// A summary as the session API shows it.
+fn shown(r: &Remembered) -> Option<Value> {
+    r.summary
+        .as_ref()
+        .and_then(|s| serde_json::to_value(s.view()).ok())
+}
+
+impl Overview {
     /// A stored session that is not in the working set.
     pub fn from_listed(l: Listed) -> Self {
-        Summary {
+        Overview {
+            summary: shown(&l.meta.remembered),
+            carried_note: l.meta.remembered.carried.clone(),
             id: l.id,
             message_count: l.message_count,
             turn_id: l.meta.turn_id,
@@ -57,6 +74,10 @@ pub struct Ended {
     pub users: Vec<String>,
     pub system_messages: Vec<Message>,
     pub contents: Vec<Arc<Message>>,
+    /// Its running summary and carried note.
+    pub remembered: Remembered,
+    /// The sequence number of `contents[0]`.
+    pub first_seq: u64,
 }
 
 /// Messages appended through an API, as stored, and the sequence number
@@ -68,9 +89,11 @@ pub struct Appended {
 }
 
 impl Session {
-    pub fn summary(&self) -> Summary {
+    pub fn overview(&self) -> Overview {
         let st = self.state();
-        Summary {
+        Overview {
+            summary: shown(&st.remembered),
+            carried_note: st.remembered.carried.clone(),
             id: self.id.clone(),
             message_count: st.messages.len(),
             turn_id: st.turn_id,
@@ -102,6 +125,8 @@ impl Session {
         st.first_seq += old.len() as u64;
         st.turn_id = turn;
         st.incarnation = super::next_incarnation();
+        st.remembered.reset();
+        st.meta_changed();
         let mut ops = vec![Op::Clear {
             id: self.id.clone(),
         }];
@@ -154,6 +179,8 @@ impl Session {
         st.clear_messages();
         st.turn_id = 0;
         st.incarnation = super::next_incarnation();
+        st.remembered.reset();
+        st.meta_changed();
         let ops = vec![Op::Clear {
             id: self.id.clone(),
         }];
@@ -222,6 +249,8 @@ impl Session {
             users: std::mem::take(&mut st.users),
             system_messages: std::mem::take(&mut st.system_messages),
             contents: st.replace_messages(Vec::new()),
+            remembered: st.remembered.clone(),
+            first_seq: st.first_seq,
         };
         let ticket = if policy.storage.persistent() {
             // Expected: a session another replica went on with is not

@@ -23,6 +23,7 @@ mod admin;
 mod items;
 mod persist;
 mod record;
+mod remember;
 mod reply;
 mod state;
 mod store;
@@ -31,8 +32,9 @@ mod turn;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub use admin::{Appended, EndWhen, Ended, Summary};
+pub use admin::{Appended, EndWhen, Ended, Overview};
 pub use record::Interrupted;
+pub use remember::{Applied, FoldNow, Folded};
 pub use reply::Reply;
 pub use store::Store;
 pub use turn::{Joins, Prepared, Refused, TurnRequest};
@@ -40,7 +42,7 @@ pub use turn::{Joins, Prepared, Refused, TurnRequest};
 use state::State;
 
 use crate::clock::Clock;
-use crate::config::{HistoryConfig, OnNewRequest};
+use crate::config::{HistoryConfig, MemoryConfig, OnNewRequest};
 use crate::memory::message::Message;
 use crate::metrics::Metrics;
 use crate::store::{Loaded, Meta, Storage};
@@ -76,6 +78,8 @@ pub fn validate_id(id: &str) -> Result<(), String> {
 /// The parts of the config that govern memory, shared by every session.
 pub struct Policy {
     pub history: HistoryConfig,
+    /// The running summary and carry-over (`[memory]`).
+    pub memory: MemoryConfig,
     pub on_new_request: OnNewRequest,
     pub metrics: Arc<Metrics>,
     pub notifier: Arc<dyn Notifier>,
@@ -206,8 +210,12 @@ impl Session {
         }
         self.last_active_ms
             .fetch_max(loaded.meta.last_active_ms, Ordering::Relaxed);
+        let pending = st.pending.take();
         *st = State::loaded(loaded);
         st.saved.batches = batches;
+        // A fold's answer survives: whether it still holds is checked
+        // against what was loaded when it is stored.
+        st.pending = pending;
         true
     }
 }

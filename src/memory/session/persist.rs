@@ -25,6 +25,7 @@ impl Session {
             users: st.users.clone(),
             system_messages: st.system_messages.clone(),
             metadata: st.metadata.clone(),
+            remembered: st.remembered.clone(),
         }
     }
 

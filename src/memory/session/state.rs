@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
+use super::remember::Folded;
 use super::{next_incarnation, shared};
 use crate::memory::inflight::InFlight;
 use crate::memory::interruption;
 use crate::memory::message::Message;
+use crate::memory::summary::Remembered;
 use crate::store::{Claim, Loaded, Meta};
 
 pub(super) struct State {
@@ -27,6 +29,14 @@ pub(super) struct State {
     pub(super) users: Vec<String>,
     /// The conversation's metadata (`Meta::metadata`).
     pub(super) metadata: serde_json::Map<String, serde_json::Value>,
+    /// The running summary and the carried note (`Meta::remembered`).
+    pub(super) remembered: Remembered,
+    /// A fold of this session runs in this process.
+    pub(super) folding: bool,
+    /// No fold starts before this (after one gave up).
+    pub(super) fold_after_ms: i64,
+    /// A fold's answer waiting for a turn's lease to be stored.
+    pub(super) pending: Option<Folded>,
     /// Set when the session ends; a request still holding it starts anew.
     pub(super) ended: bool,
     pub(super) incarnation: u64,
@@ -98,6 +108,10 @@ impl State {
             system_messages: meta.system_messages,
             users: meta.users,
             metadata: meta.metadata,
+            remembered: meta.remembered,
+            folding: false,
+            fold_after_ms: 0,
+            pending: None,
             ended: false,
             incarnation: next_incarnation(),
             window_from: meta.first_seq,

@@ -24,6 +24,7 @@ async fn policy(name: &str) -> Policy {
     let metrics = Arc::new(Metrics::default());
     Policy {
         history: HistoryConfig::default(),
+        memory: Default::default(),
         on_new_request: OnNewRequest::Interrupt,
         storage: Storage::open(&config, &metrics).await.unwrap(),
         metrics,

@@ -13,6 +13,7 @@ use crate::memory::interruption::{self, Spoken};
 use crate::memory::message::Message;
 use crate::memory::reconcile::{self, Hints, Reconciled, Rewrite};
 use crate::memory::render;
+use crate::memory::summary::{Fold, Remembered};
 use crate::memory::tokens::Encoding;
 use crate::memory::turns;
 use crate::memory::window::{self, Limits, TrimReason, TrimScope};
@@ -71,6 +72,11 @@ pub struct Prepared {
     pub rewrite: Option<Rewrite>,
     /// The sequence number the reply will be recorded at.
     pub reply_seq: u64,
+    /// The running summary and the carried note, sent after the session's
+    /// system messages.
+    pub remembered: Remembered,
+    /// A fold of the running summary due now, for the caller to start.
+    pub fold: Option<Fold>,
 }
 
 impl Prepared {
@@ -85,6 +91,8 @@ impl Prepared {
             durable: Ticket::ready(),
             rewrite: None,
             reply_seq: 0,
+            remembered: Remembered::default(),
+            fold: None,
         }
     }
 }
@@ -218,6 +226,10 @@ impl Session {
             front_dropped: st.first_seq > 0,
             retry: req.retrying || same_key,
         };
+        if let Some(folded) = st.pending.take() {
+            // Under this turn's lease: written with its batch.
+            self.fold_in(st, policy, folded);
+        }
         if let Joins::Fork(history) = req.joins {
             // Pointers to the branch's messages: they are stored again
             // under the new session once, here, and shared in memory.
@@ -262,7 +274,9 @@ impl Session {
             tokens: policy.history.window_tokens,
             encoding: req.encoding,
         };
-        let sent = render::outbound(&st.messages, req.rules, limits);
+        let reach = self.reach(st, policy);
+        let sent = render::outbound_reaching(&st.messages, req.rules, limits, reach);
+        let fold = self.after_window(st, policy, &sent, req.encoding, now_ms);
         let from = st.first_seq + sent.start as u64;
         if let Some(reason) = sent.reason {
             policy
@@ -277,7 +291,7 @@ impl Session {
         let fallback_window = req
             .fallback_rules
             .filter(|rules| !rules.renders_like(req.rules))
-            .map(|rules| render::outbound(&st.messages, rules, limits).messages);
+            .map(|rules| render::outbound_reaching(&st.messages, rules, limits, reach).messages);
         Prepared {
             turn_id: st.turn_id,
             window: sent.messages,
@@ -287,6 +301,8 @@ impl Session {
             durable: self.persist(st, policy, ops),
             rewrite,
             reply_seq: st.first_seq + st.messages.len() as u64,
+            remembered: st.remembered.clone(),
+            fold,
         }
     }
 

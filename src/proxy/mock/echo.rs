@@ -5,6 +5,8 @@
 
 use serde_json::Value;
 
+use crate::memory::summary;
+
 /// Roles in the order the tally names them; any other role follows, in
 /// the order first seen.
 const ROLE_ORDER: &[&str] = &["system", "developer", "user", "assistant", "tool"];
@@ -16,7 +18,21 @@ const ROLE_ORDER: &[&str] = &["system", "developer", "user", "assistant", "tool"
 /// With only one user message, the middle sentence is
 /// `I see nothing you said before that.`, and with none at all the first
 /// two become `I see nothing you said.`
+///
+/// Given recall's summary prompt (`summary::FOLD_HEADING` or
+/// `CARRY_HEADING` in its last message), it summarizes instead (`summarize`).
+/// With more than one system message, it ends by quoting the last one
+/// (`My notes say: ...`): where recall puts the running summary.
 pub fn reply(messages: &[Value]) -> String {
+    let asked = messages
+        .iter()
+        .rev()
+        .find(|m| role(m) == "user")
+        .map(|m| text(&m["content"]))
+        .unwrap_or_default();
+    if asked.contains(summary::FOLD_HEADING) || asked.contains(summary::CARRY_HEADING) {
+        return summarize(&asked);
+    }
     let said: Vec<String> = messages
         .iter()
         .filter(|m| role(m) == "user")
@@ -30,8 +46,53 @@ pub fn reply(messages: &[Value]) -> String {
         }
     };
     out.push_str(&format!(" {}", tally(messages)));
+    let system: Vec<&Value> = messages.iter().filter(|m| role(m) == "system").collect();
+    if let [_, .., last] = system.as_slice() {
+        out.push_str(&format!(" My notes say: {}", text(&last["content"])));
+    }
     out
 }
+
+/// What the mock remembers of a summary request: every statement the
+/// user made (a line `user: ...` not ending in `?`), after those the
+/// summary or note so far holds, as `The user said: a; b.`, up to
+/// `SUMMARY_CHARS` (the oldest kept: a name comes first).
+fn summarize(request: &str) -> String {
+    let mut facts: Vec<String> = Vec::new();
+    let mut add = |fact: &str| {
+        let fact = fact.trim().trim_end_matches(['.', ';']).trim();
+        if !fact.is_empty() && !fact.ends_with('?') && !facts.iter().any(|f| f == fact) {
+            facts.push(fact.to_owned());
+        }
+    };
+    for line in request.lines() {
+        if let Some(said) = line.strip_prefix(SAID) {
+            said.trim_end_matches('.').split("; ").for_each(&mut add);
+        } else if let Some(said) = line.strip_prefix("user: ") {
+            add(said);
+        }
+    }
+    let mut out = String::new();
+    for fact in facts {
+        let next = if out.is_empty() {
+            format!("{SAID}{fact}")
+        } else {
+            format!("{out}; {fact}")
+        };
+        if next.len() + 1 > SUMMARY_CHARS {
+            break;
+        }
+        out = next;
+    }
+    if out.is_empty() {
+        return "The user has said nothing to remember yet.".into();
+    }
+    out.push('.');
+    out
+}
+
+const SAID: &str = "The user said: ";
+const SUMMARY_CHARS: usize = 1000;
 
 /// `I received 4 messages (1 system, 2 user, 1 assistant).`: the size of
 /// the window recall sent, plus the system messages.
@@ -147,6 +208,55 @@ mod tests {
             "I see nothing you said. I received 1 message (1 function)."
         );
         assert_eq!(reply(&[]), "I see nothing you said. I received 0 messages.");
+    }
+
+    #[test]
+    fn summarizes_what_the_user_stated_when_asked_by_recall() {
+        let fold = summary::Fold {
+            from: 0,
+            until: 4,
+            epoch: 0,
+            previous: None,
+            messages: vec![
+                std::sync::Arc::new(crate::memory::message::Message::new(
+                    crate::memory::message::Role::User,
+                    "My name is Ada.",
+                )),
+                std::sync::Arc::new(crate::memory::message::Message::new(
+                    crate::memory::message::Role::User,
+                    "What is my name?",
+                )),
+            ],
+        };
+        let first = reply(&summary::prompt("Summarize.", &fold));
+        assert_eq!(first, "The user said: My name is Ada.");
+        let next = summary::Fold {
+            previous: Some(summary::Summary {
+                text: first.clone(),
+                until: 4,
+                model: "m".into(),
+                at_ms: 0,
+                covered_tokens: 0,
+            }),
+            messages: vec![std::sync::Arc::new(crate::memory::message::Message::new(
+                crate::memory::message::Role::User,
+                "I live in Lisbon",
+            ))],
+            ..fold
+        };
+        let second = reply(&summary::prompt("Summarize.", &next));
+        assert_eq!(second, "The user said: My name is Ada; I live in Lisbon.");
+        let note = reply(&summary::carry_prompt("Note.", Some(&first), &second, 100));
+        assert_eq!(note, "The user said: My name is Ada; I live in Lisbon.");
+        let nothing = reply(&summary::carry_prompt("Note.", None, "Hello", 100));
+        assert_eq!(nothing, "The user has said nothing to remember yet.");
+        // The summary, sent as a second system message, is quoted.
+        let messages = [
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "system", "content": "Summary: Ada."}),
+            json!({"role": "user", "content": "Hi"}),
+        ];
+        assert!(reply(&messages).ends_with(" My notes say: Summary: Ada."));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 -- then the ops, each a name and its arguments.
 -- Answers {version, late} as the meta then holds them.
 local meta, msgs, late = KEYS[1], KEYS[2], KEYS[3]
-local arity = {save = 7, touch = 4, push = 2, set = 2, late = 2, drop = 2, clear = 0, delete = 0}
+local arity = {save = 8, touch = 4, push = 2, set = 2, late = 2, drop = 2, clear = 0, delete = 0}
 
 local function counters()
   local v = redis.call('HMGET', meta, 'version', 'late')
@@ -49,7 +49,7 @@ while i <= #ARGV do
   if op == 'save' then
     redis.call('HSET', meta, 'created_ms', a, 'last_active_ms', b, 'turn_id', ARGV[i + 3],
       'first_seq', ARGV[i + 4], 'users', ARGV[i + 5], 'system_messages', ARGV[i + 6],
-      'metadata', ARGV[i + 7])
+      'metadata', ARGV[i + 7], 'remembered', ARGV[i + 8])
   elseif op == 'touch' then
     -- Every field a load needs, whatever became of the Save; the
     -- creation time only if missing.

@@ -166,6 +166,7 @@ fn queue(
                     users,
                     system,
                     serde_json::to_string(&meta.metadata).unwrap_or_else(|_| "{}".into()),
+                    serde_json::to_string(&meta.remembered).unwrap_or_else(|_| "{}".into()),
                 ],
             );
             indexed(pre, id, meta.last_active_ms);

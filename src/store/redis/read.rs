@@ -276,7 +276,11 @@ fn parse_meta(meta: &HashMap<String, String>) -> Result<Meta, StorageError> {
         meta: &HashMap<String, String>,
         name: &str,
     ) -> Result<T, StorageError> {
-        let empty = if name == "metadata" { "{}" } else { "[]" };
+        let empty = if matches!(name, "metadata" | "remembered") {
+            "{}"
+        } else {
+            "[]"
+        };
         let text = meta.get(name).map_or(empty, String::as_str);
         serde_json::from_str(text).map_err(|e| StorageError::Corrupt(format!("{name}: {e}")))
     }
@@ -288,5 +292,6 @@ fn parse_meta(meta: &HashMap<String, String>) -> Result<Meta, StorageError> {
         users: json(meta, "users")?,
         system_messages: json(meta, "system_messages")?,
         metadata: json(meta, "metadata")?,
+        remembered: json(meta, "remembered")?,
     })
 }

@@ -141,7 +141,7 @@ impl Sqlite {
             let Some(meta) = conn
                 .query_row(
                     "SELECT s.created_ms, t.last_active_ms, t.turn_id, t.first_seq, s.users,
-                            s.system_messages, s.metadata
+                            s.system_messages, s.metadata, s.remembered
                      FROM sessions s JOIN session_state t ON t.id = s.id WHERE s.id = ?1",
                     [&id],
                     meta_from_row,
@@ -181,7 +181,7 @@ impl Sqlite {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT s.id, s.created_ms, t.last_active_ms, t.turn_id, t.first_seq, s.users,
-                        s.system_messages, s.metadata,
+                        s.system_messages, s.metadata, s.remembered,
                         (SELECT COUNT(*) FROM messages WHERE session_id = s.id)
                  FROM sessions s JOIN session_state t ON t.id = s.id
                  WHERE s.id > ?1
@@ -190,7 +190,7 @@ impl Sqlite {
             )?;
             let rows = stmt.query_map(params![after, user, limit as i64], |row| {
                 let id: String = row.get(0)?;
-                let count: i64 = row.get(8)?;
+                let count: i64 = row.get(9)?;
                 let meta = meta_from_row_at(row, 1)?;
                 Ok((id, meta, count))
             })?;

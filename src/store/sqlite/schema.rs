@@ -52,6 +52,12 @@ pub(super) const MIGRATIONS: &[&str] = &[
      CREATE INDEX session_state_by_activity ON session_state (last_active_ms);",
     // 4: a conversation's metadata (the Conversations API).
     "ALTER TABLE sessions ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'",
+    // 5: the running summary and the carried note; users' notes.
+    "ALTER TABLE sessions ADD COLUMN remembered TEXT NOT NULL DEFAULT '{}';
+     CREATE TABLE user_notes (
+         user TEXT PRIMARY KEY,
+         body TEXT NOT NULL
+     ) WITHOUT ROWID;",
 ];
 
 pub(super) fn connect(path: &str) -> Result<Connection, StorageError> {
@@ -91,6 +97,7 @@ pub(super) fn meta_from_row_at(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::
     let users: String = row.get(at + 4)?;
     let system: String = row.get(at + 5)?;
     let metadata: String = row.get(at + 6)?;
+    let remembered: String = row.get(at + 7)?;
     let parsed = (|| -> MetaResult {
         Ok(Meta {
             created_ms: row.get(at).map_err(StorageError::from)?,
@@ -102,6 +109,8 @@ pub(super) fn meta_from_row_at(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::
             system_messages: serde_json::from_str(&system)
                 .map_err(|e| StorageError::Corrupt(e.to_string()))?,
             metadata: serde_json::from_str(&metadata)
+                .map_err(|e| StorageError::Corrupt(e.to_string()))?,
+            remembered: serde_json::from_str(&remembered)
                 .map_err(|e| StorageError::Corrupt(e.to_string()))?,
         })
     })();

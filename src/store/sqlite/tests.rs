@@ -104,6 +104,7 @@ async fn a_touch_moves_the_turn_and_keeps_users_and_system_messages() {
         users: vec!["bo".into()],
         system_messages: vec![message("system", "be kind")],
         metadata: Default::default(),
+        remembered: Default::default(),
     };
     db.submit(vec![Op::Save {
         id: "s".into(),

@@ -214,13 +214,23 @@ pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
                     serde_json::to_string(&meta.system_messages).unwrap_or_else(|_| "[]".into());
                 let metadata =
                     serde_json::to_string(&meta.metadata).unwrap_or_else(|_| "{}".into());
+                let remembered =
+                    serde_json::to_string(&meta.remembered).unwrap_or_else(|_| "{}".into());
                 tx.prepare_cached(
-                    "INSERT INTO sessions (id, created_ms, users, system_messages, metadata)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
+                    "INSERT INTO sessions
+                         (id, created_ms, users, system_messages, metadata, remembered)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                      ON CONFLICT (id) DO UPDATE SET users = ?3, system_messages = ?4,
-                         metadata = ?5",
+                         metadata = ?5, remembered = ?6",
                 )?
-                .execute(params![id, meta.created_ms, users, system, metadata])?;
+                .execute(params![
+                    id,
+                    meta.created_ms,
+                    users,
+                    system,
+                    metadata,
+                    remembered
+                ])?;
                 tx.prepare_cached(
                     "INSERT INTO session_state (id, last_active_ms, turn_id, first_seq)
                      VALUES (?1, ?2, ?3, ?4)

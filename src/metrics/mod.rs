@@ -16,6 +16,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+mod memory;
+
+pub use memory::{Job, JobOutcome, MemoryMetrics};
+
 use crate::memory::reconcile::Rewrite;
 use crate::memory::window::{TrimReason, TrimScope};
 
@@ -118,9 +122,11 @@ pub struct Metrics {
     webhook: Family<OutcomeLabels, Counter>,
     sessions_ended: Counter,
     storage_write_seconds: Histograms<BackendLabels>,
+    /// The running summary and carry-over.
+    pub memory: MemoryMetrics,
 }
 
-fn latency() -> Histogram {
+pub(crate) fn latency() -> Histogram {
     // 0.5 ms to about 33 s.
     Histogram::new(exponential_buckets(0.0005, 2.0, 17))
 }
@@ -234,6 +240,7 @@ impl Default for Metrics {
             "Time to make one batch of changes durable (one group commit)",
             storage_write_seconds.clone(),
         );
+        let memory = MemoryMetrics::register(&mut registry);
         // Families with known label sets start at 0, so that a dashboard's
         // `rate()` has a series before the first event.
         use TrimReason as R;
@@ -289,6 +296,7 @@ impl Default for Metrics {
             webhook,
             sessions_ended,
             storage_write_seconds,
+            memory,
         }
     }
 }

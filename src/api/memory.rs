@@ -1,0 +1,266 @@
+//! Memory beyond the window, at the edge: the summary and the carried note
+//! as the system messages a turn sends, the folds that run in the
+//! background, and the session API's `summary` and `summarize`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::api::sessions::{self, existing, json_body, Target, Turns};
+use crate::config::MemoryConfig;
+use crate::error::{ApiError, RequestError};
+use crate::memory::message::Message;
+use crate::memory::session::{Applied, FoldNow, Folded, Refused, Session};
+use crate::memory::summary::{self, Fold, Remembered};
+use crate::memory::tokens::Encoding;
+use crate::memory::window::Limits;
+use crate::proxy::vendor::VendorRules;
+use crate::server::app::App;
+use crate::store::Wait;
+use crate::summarizer::Summarizer;
+
+/// After a fold gives up, the next waits this long.
+const RETRY_AFTER_MS: i64 = 30_000;
+
+/// The system messages memory adds to a turn, in order: the note carried
+/// in from the user's last session, then the running summary.
+pub(crate) fn injected(config: &MemoryConfig, r: &Remembered) -> impl Iterator<Item = Message> {
+    let note = r
+        .carried
+        .as_deref()
+        .map(|n| summary::message(&config.carry_over_template, "{note}", n));
+    let summary = r
+        .summary
+        .as_ref()
+        .map(|s| summary::message(&config.summary_template, "{summary}", &s.text));
+    note.into_iter().chain(summary)
+}
+
+/// Runs `fold` of session `id` in a task of its own; the turn that asked
+/// for it goes on with the summary it has.
+pub(crate) fn fold_in_background(app: &Arc<App>, id: &str, fold: Fold) {
+    let Some(session) = app.sessions.get(id) else {
+        return;
+    };
+    let Some(summarizer) = app.summarizer.clone() else {
+        session.fold_ended(None);
+        return;
+    };
+    let app = Arc::clone(app);
+    let id = id.to_owned();
+    tokio::spawn(async move {
+        let mut running = Running {
+            session,
+            retry_after_ms: None,
+        };
+        if run_fold(&app, &summarizer, &id, fold, false).await.is_err() {
+            running.retry_after_ms = Some(app.policy.clock.now_ms() + RETRY_AFTER_MS);
+        }
+    });
+}
+
+/// A fold under way: its session hears when it ends, however it ends.
+struct Running {
+    session: Arc<Session>,
+    retry_after_ms: Option<i64>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.session.fold_ended(self.retry_after_ms);
+    }
+}
+
+/// Asks the summary model for `fold`, and stores its answer through the
+/// session. With `wait`, until it is stored; else a busy session on shared
+/// storage may keep it for its next turn.
+async fn run_fold(
+    app: &App,
+    summarizer: &Summarizer,
+    id: &str,
+    fold: Fold,
+    wait: bool,
+) -> Result<Applied, ApiError> {
+    let written = summarizer.fold(&fold).await?;
+    let folded = Folded {
+        fold,
+        text: written.text,
+        model: summarizer.model_name().to_owned(),
+        covered_tokens: written.covered_tokens,
+        at_ms: app.policy.clock.now_ms(),
+    };
+    store(app, id, folded, wait).await
+}
+
+/// How long `store` waits for the right to store (then the answer is
+/// dropped, as after a failed call).
+const STORE_WITHIN: Duration = Duration::from_secs(30);
+
+/// Stores a fold's answer in session `id` and waits until it is durable.
+/// With shared storage a change needs the session's lease: a turn here
+/// lends its own; else the lease is taken if no replica holds it. Failing
+/// both, the answer is kept for the session's next turn, and with `wait`
+/// the lease is tried again shortly (a patient wait for it would lose
+/// every race to the next turn of a busy session).
+async fn store(app: &App, id: &str, folded: Folded, wait: bool) -> Result<Applied, ApiError> {
+    let storage = &app.policy.storage;
+    let gone = || ApiError::from(RequestError::SessionNotFound { id: id.to_owned() });
+    let shared = storage.shared();
+    let session = app.sessions.find(id, storage).await?.ok_or_else(gone)?;
+    let (applied, ticket) = session
+        .offer_fold(&app.policy, folded, shared)
+        .map_err(|_| gone())?;
+    ticket.durable().await?;
+    if applied != Applied::Pending {
+        return Ok(applied);
+    }
+    let deadline = Instant::now() + STORE_WITHIN;
+    loop {
+        if !session.has_pending() {
+            // A turn stored it (or found it stale).
+            return Ok(session
+                .remembered()
+                .summary
+                .map_or(Applied::Stale, Applied::Stored));
+        }
+        if let Some(claim) = storage.claim(id, Wait::No).await? {
+            let found = app.sessions.find(id, storage).await;
+            let stored = match found {
+                Ok(Some(s)) if Arc::ptr_eq(&s, &session) => s.store_pending(&app.policy),
+                Ok(_) => Err(Refused::Ended),
+                Err(e) => {
+                    drop(storage.release(claim));
+                    return Err(e.into());
+                }
+            };
+            drop(storage.release(claim));
+            return match stored {
+                Ok(Some((applied, ticket))) => {
+                    ticket.durable().await?;
+                    Ok(applied)
+                }
+                Ok(None) => continue,
+                Err(_) => Err(gone()),
+            };
+        }
+        if !wait {
+            return Ok(Applied::Pending);
+        }
+        if Instant::now() >= deadline {
+            return Err(RequestError::Busy { id: id.to_owned() }.into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The window the session API measures a summary against: the first
+/// upstream's rendering, the configured limits, tokens estimated.
+fn window_of(app: &App) -> Result<(VendorRules, Limits), ApiError> {
+    // A config has at least one upstream.
+    let rules = app
+        .upstreams
+        .first()
+        .map(|u| u.rules.clone())
+        .ok_or(ApiError::Internal)?;
+    let h = &app.policy.history;
+    let limits = Limits {
+        messages: h.window_messages,
+        chars: h.window_chars,
+        tokens: h.window_tokens,
+        encoding: Encoding::Approx,
+    };
+    Ok((rules, limits))
+}
+
+/// `PUT /v1/sessions/{id}/summary` with `{"summary": "..."}`: sets the
+/// running summary by hand; it covers the messages before the window.
+pub async fn put_summary(
+    State(app): State<Arc<App>>,
+    target: Target,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let text = match json_body(&app, body).await? {
+        Value::Object(mut o) => match o.remove("summary") {
+            Some(Value::String(s)) if !s.trim().is_empty() => s,
+            _ => {
+                return Err(RequestError::invalid(
+                    "`summary` must be a non-empty string",
+                    Some("summary"),
+                )
+                .into())
+            }
+        },
+        _ => {
+            return Err(
+                RequestError::invalid("the body must be an object with `summary`", None).into(),
+            )
+        }
+    };
+    let (rules, limits) = window_of(&app)?;
+    let now = app.policy.clock.now_ms();
+    let (_, stored) = sessions::write(&app, &target, false, Turns::Wait, |s| {
+        s.set_summary(&app.policy, text.clone(), &rules, limits, now)
+    })
+    .await?;
+    Ok(Json(
+        json!({"session_id": target.name, "summary": stored.view()}),
+    ))
+}
+
+/// `POST /v1/sessions/{id}/summarize`: folds every message outside the
+/// window that the summary does not cover, now, and answers when the new
+/// summary is stored (after a fold already running here, if any).
+pub async fn summarize(
+    State(app): State<Arc<App>>,
+    target: Target,
+) -> Result<Json<Value>, ApiError> {
+    let Some(summarizer) = app.summarizer.clone() else {
+        return Err(RequestError::invalid(
+            "summaries need [memory] summary_model, with summarize or carry_over on",
+            None,
+        )
+        .into());
+    };
+    let (rules, limits) = window_of(&app)?;
+    let mut folded = 0;
+    loop {
+        let session = existing(&app, &target).await?;
+        let fold = match session.fold_now(&rules, limits) {
+            Ok(FoldNow::Start(fold)) => fold,
+            Ok(FoldNow::Covered) => break,
+            Ok(FoldNow::Running) => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let running = Running {
+            session,
+            retry_after_ms: None,
+        };
+        let n = fold.messages.len();
+        let applied = run_fold(&app, &summarizer, &target.id, fold, true).await;
+        drop(running);
+        match applied? {
+            Applied::Stored(_) => {
+                folded += n;
+                break;
+            }
+            // Replaced meanwhile: fold again from the new summary.
+            Applied::Stale | Applied::Pending => continue,
+        }
+    }
+    let session = existing(&app, &target).await?;
+    let remembered = session.remembered();
+    Ok(Json(json!({
+        "session_id": target.name,
+        "folded_messages": folded,
+        "summary": remembered.summary.as_ref().map(|s| s.view()),
+    })))
+}

@@ -1,0 +1,106 @@
+//! The summary model: `SummaryModel`, and its implementation over a
+//! configured upstream (a plain, non-streaming chat completion).
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use futures_util::future::BoxFuture;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use crate::error::UpstreamError;
+use crate::memory::summary::Rejected;
+use crate::proxy::upstream::Upstream;
+
+/// Longest answer body read from the summary model.
+const MAX_BODY: usize = 1024 * 1024;
+
+/// Why the summary model gave no summary.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("the summary model answered {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("the summary model did not answer within {0} s")]
+    Timeout(u64),
+    #[error("the summary model's answer is not a chat completion: {0}")]
+    NotACompletion(String),
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+}
+
+/// A chat model that answers a list of messages with text.
+pub trait SummaryModel: Send + Sync {
+    fn name(&self) -> &str;
+    fn complete(&self, messages: Vec<Value>) -> BoxFuture<'_, Result<String, ModelError>>;
+}
+
+/// The summary model as an upstream serves it.
+pub struct UpstreamModel {
+    pub upstream: Arc<Upstream>,
+    pub model: String,
+}
+
+impl SummaryModel for UpstreamModel {
+    fn name(&self) -> &str {
+        &self.model
+    }
+
+    fn complete(&self, messages: Vec<Value>) -> BoxFuture<'_, Result<String, ModelError>> {
+        Box::pin(async move {
+            let body = json!({"model": self.model, "messages": messages, "stream": false});
+            // A place under the upstream's `max_concurrent`, in line with
+            // the live requests.
+            let _slot = self.upstream.slot().await?;
+            let resp = self
+                .upstream
+                .send_chat(&HeaderMap::new(), body.to_string().into())
+                .await?;
+            let status = resp.status();
+            let bytes = read(&self.upstream, resp).await?;
+            if !status.is_success() {
+                return Err(ModelError::Status {
+                    status: status.as_u16(),
+                    message: error_message(&bytes),
+                });
+            }
+            answer_text(&bytes)
+        })
+    }
+}
+
+async fn read(upstream: &Upstream, resp: reqwest::Response) -> Result<Vec<u8>, ModelError> {
+    let mut body = upstream.body(resp);
+    let mut all = Vec::new();
+    while let Some(piece) = body.next().await {
+        let piece = piece.map_err(|e| ModelError::NotACompletion(e.to_string()))?;
+        if all.len() + piece.len() > MAX_BODY {
+            return Err(ModelError::NotACompletion(format!(
+                "longer than {MAX_BODY} bytes"
+            )));
+        }
+        all.extend_from_slice(&piece);
+    }
+    Ok(all)
+}
+
+/// The text of a chat completion's first choice.
+pub(super) fn answer_text(body: &[u8]) -> Result<String, ModelError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ModelError::NotACompletion(e.to_string()))?;
+    match &v["choices"][0]["message"]["content"] {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        other => Err(ModelError::NotACompletion(format!(
+            "its content is {other}"
+        ))),
+    }
+}
+
+fn error_message(body: &[u8]) -> String {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned())
+}

@@ -1,0 +1,332 @@
+//! Memory beyond the window: the running summary, through the real server,
+//! with the scripted mock as the summary model (`SUMMARIZER`). Asserted on
+//! what the upstream received and what is stored.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// `[history]` and `[memory]` for these tests: a window of 6, a fold every
+/// `every` messages, then whatever `extra` adds.
+fn config(every: usize, extra: &str) -> String {
+    format!(
+        "[history]\nwindow_messages = 6\nmax_messages = 1000\n\
+         [memory]\nsummarize = true\nsummary_model = \"{SUMMARIZER}\"\n\
+         summary_every_messages = {every}\n{extra}\n\
+         [[system_messages]]\ncontent = \"You are kind.\"\n"
+    )
+}
+
+async fn harness(every: usize, extra: &str) -> Harness {
+    Harness::start(&config(every, extra), "models = [\"*\"]").await
+}
+
+/// The running summary `GET /v1/sessions/{id}` shows, if any.
+async fn summary(h: &Harness, session: &str) -> Option<Value> {
+    let (status, s) = h
+        .api(Method::GET, &format!("/v1/sessions/{session}"), None)
+        .await;
+    assert_eq!(status, 200, "{s}");
+    s.get("summary").cloned()
+}
+
+/// Waits until the session's summary covers up to `last_seq` at least.
+async fn summary_through(h: &Harness, session: &str, last_seq: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(s) = summary(h, session).await {
+            if s["last_seq"].as_u64().is_some_and(|n| n >= last_seq) {
+                return s;
+            }
+        }
+        assert!(Instant::now() < deadline, "no summary through {last_seq}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The chat requests the upstream received (not the summary model's).
+fn chats(h: &Harness) -> Vec<Received> {
+    h.upstream.split().1
+}
+
+fn content(m: &Value) -> &str {
+    m["content"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_sixty_turn_session_keeps_every_fact_within_reach() {
+    let h = harness(4, "").await;
+    let mut longest = 0;
+    for i in 0..60 {
+        h.say("long", &format!("fact {i}")).await;
+        let sent = chats(&h).pop().unwrap();
+        let messages = sent.messages();
+        // recall's system message first; the summary, if any, right after.
+        assert_eq!(content(&messages[0]), "You are kind.");
+        let summary = messages
+            .iter()
+            .filter(|m| m["role"] == "system")
+            .find_map(|m| content(m).strip_prefix("Summary of the conversation so far: "))
+            .unwrap_or("");
+        if !summary.is_empty() {
+            assert_eq!(messages[1]["role"], "system");
+            assert!(content(&messages[1]).starts_with("Summary of the conversation so far: "));
+        }
+        let window: Vec<&str> = messages
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(content)
+            .collect();
+        for j in 0..=i {
+            let fact = format!("fact {j}");
+            let in_summary = summary
+                .strip_prefix("Known: ")
+                .is_some_and(|k| k.split(" | ").any(|f| f == fact));
+            if !(in_summary || window.contains(&fact.as_str())) {
+                let m = h.metrics().await;
+                eprintln!(
+                    "DBG {}",
+                    m.lines()
+                        .filter(|l| l.contains("summary"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+            assert!(
+                in_summary || window.contains(&fact.as_str()),
+                "turn {i}: {fact} is neither in the window {window:?} nor in the summary {summary:?}"
+            );
+        }
+        longest = longest.max(messages.len());
+    }
+    // The window stayed small: the summary carried the rest.
+    assert!(longest <= 1 + 1 + 6 + 8, "a window of {longest} messages");
+    let (folds, _) = h.upstream.split();
+    assert!(folds.len() >= 10, "{} folds", folds.len());
+    // Every fold's model request is recall's prompt with the new messages.
+    let asked = content(&folds[0].messages()[1]).to_owned();
+    assert!(
+        asked.contains("Messages to fold in:\nuser: fact 0\nassistant: reply"),
+        "{asked}"
+    );
+    // The stored summary covers up to a window's start, and says who wrote it.
+    let s = summary(&h, "long").await.unwrap();
+    assert_eq!(s["model"], SUMMARIZER);
+    assert!(s["last_seq"].as_u64().unwrap() >= 100, "{s}");
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("recall_summary_jobs_total{job=\"fold\",outcome=\"stored\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn the_summary_goes_between_the_sessions_system_messages_and_the_requests() {
+    let h = harness(2, "").await;
+    for i in 0..6 {
+        h.say("order", &format!("fact {i}")).await;
+    }
+    summary_through(&h, "order", 3).await;
+    h.api(
+        Method::PUT,
+        "/v1/sessions/order/system_messages",
+        Some(json!({"system_messages": [system("Runtime note.")]})),
+    )
+    .await;
+    let (status, _) = h
+        .chat(
+            Some("order"),
+            json!({"model": "gpt-test", "messages": [system("Request's own."), user("next")]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let sent = chats(&h).pop().unwrap().transcript();
+    assert_eq!(sent[0], "system: You are kind.");
+    assert_eq!(sent[1], "system: Runtime note.");
+    assert!(
+        sent[2].starts_with("system: Summary of the conversation so far: Known: fact 0"),
+        "{sent:?}"
+    );
+    assert_eq!(sent[3], "system: Request's own.");
+    assert_eq!(sent[4].split(':').next(), Some("user"));
+}
+
+#[tokio::test]
+async fn a_slow_summary_model_never_delays_a_turn() {
+    let h = harness(2, "").await;
+    h.upstream
+        .summaries(SummaryMode::Slow(Duration::from_secs(2)));
+    let mut slowest = Duration::ZERO;
+    for i in 0..8 {
+        let started = Instant::now();
+        h.say("slow", &format!("fact {i}")).await;
+        slowest = slowest.max(started.elapsed());
+    }
+    // A fold was asked for while the turns went on; none waited for it.
+    assert!(!h.upstream.split().0.is_empty());
+    assert!(
+        slowest < Duration::from_millis(1000),
+        "a turn took {slowest:?}"
+    );
+    // It lands later, and the next turn sends it.
+    let s = summary_through(&h, "slow", 1).await;
+    h.say("slow", "after").await;
+    let sent = chats(&h).pop().unwrap().transcript();
+    let shown = format!(
+        "system: Summary of the conversation so far: {}",
+        s["text"].as_str().unwrap()
+    );
+    assert!(sent.contains(&shown), "{sent:?}");
+}
+
+#[tokio::test]
+async fn a_failing_summary_model_leaves_turns_working_and_the_summary_intact() {
+    let h = harness(2, "summary_attempts = 1\nsummary_max_chars = 200").await;
+    for i in 0..6 {
+        h.say("down", &format!("fact {i}")).await;
+    }
+    let before = summary_through(&h, "down", 3).await;
+    for mode in [
+        SummaryMode::Fail(500),
+        SummaryMode::Text("   ".into()),
+        SummaryMode::Text("x".repeat(201)),
+    ] {
+        h.upstream.summaries(mode.clone());
+        // The failed fold waits 30 s before the next; the endpoint asks now.
+        for i in 0..4 {
+            h.say("down", &format!("more {i}")).await;
+        }
+        let (status, e) = h
+            .api(Method::POST, "/v1/sessions/down/summarize", None)
+            .await;
+        assert_eq!(status, 502, "{mode:?}: {e}");
+        assert_eq!(e["error"]["code"], "summary_failed");
+        assert_eq!(summary(&h, "down").await.unwrap(), before, "{mode:?}");
+    }
+    // Every turn was answered and kept; the window reached back meanwhile.
+    let last = chats(&h).pop().unwrap().transcript();
+    assert!(last.contains(&"user: more 0".to_owned()), "{last:?}");
+    let metrics = h.metrics().await;
+    assert!(
+        !metrics.contains("recall_summary_jobs_total{job=\"fold\",outcome=\"failed\"} 0"),
+        "{metrics}"
+    );
+    // Back up: the next fold takes everything the summary missed.
+    h.upstream.summaries(SummaryMode::Fold);
+    let (status, r) = h
+        .api(Method::POST, "/v1/sessions/down/summarize", None)
+        .await;
+    assert_eq!(status, 200, "{r}");
+    let text = r["summary"]["text"].as_str().unwrap();
+    assert!(text.contains("fact 0") && text.contains("more 0"), "{text}");
+}
+
+#[tokio::test]
+async fn the_session_api_sets_folds_shows_and_resets_the_summary() {
+    let h = harness(100, "").await;
+    for i in 0..8 {
+        h.say("api", &format!("fact {i}")).await;
+    }
+    // Not due yet (every 100): nothing folded.
+    assert!(h.upstream.split().0.is_empty());
+    assert_eq!(summary(&h, "api").await, None);
+    let (status, r) = h
+        .api(Method::POST, "/v1/sessions/api/summarize", None)
+        .await;
+    assert_eq!(status, 200, "{r}");
+    // 16 messages, a window of 6 from the newest user message: 10 folded.
+    assert_eq!(r["folded_messages"], 10);
+    assert_eq!(r["summary"]["last_seq"], 9);
+    assert_eq!(
+        r["summary"]["text"],
+        "Known: fact 0 | fact 1 | fact 2 | fact 3 | fact 4"
+    );
+    // Nothing more to fold: the same summary.
+    let (_, again) = h
+        .api(Method::POST, "/v1/sessions/api/summarize", None)
+        .await;
+    assert_eq!(again["folded_messages"], 0);
+    assert_eq!(again["summary"], r["summary"]);
+
+    let (status, put) = h
+        .api(
+            Method::PUT,
+            "/v1/sessions/api/summary",
+            Some(json!({"summary": "Ada, who likes tea."})),
+        )
+        .await;
+    assert_eq!(status, 200, "{put}");
+    assert_eq!(put["summary"]["model"], "manual");
+    assert_eq!(put["summary"]["last_seq"], 9);
+    h.say("api", "hello").await;
+    let sent = chats(&h).pop().unwrap().transcript();
+    assert_eq!(
+        sent[1],
+        "system: Summary of the conversation so far: Ada, who likes tea."
+    );
+    // Bad bodies change nothing.
+    for bad in [
+        json!({}),
+        json!({"summary": ""}),
+        json!({"summary": 3}),
+        json!([1]),
+    ] {
+        let (status, _) = h
+            .api(Method::PUT, "/v1/sessions/api/summary", Some(bad))
+            .await;
+        assert_eq!(status, 400);
+    }
+    assert_eq!(
+        summary(&h, "api").await.unwrap()["text"],
+        "Ada, who likes tea."
+    );
+    let (status, _) = h
+        .api(
+            Method::PUT,
+            "/v1/sessions/nobody/summary",
+            Some(json!({"summary": "x"})),
+        )
+        .await;
+    assert_eq!(status, 404);
+    // Clearing the history forgets the summary.
+    h.api(Method::DELETE, "/v1/sessions/api/history", None)
+        .await;
+    assert_eq!(summary(&h, "api").await, None);
+    h.say("api", "fresh").await;
+    let sent = chats(&h).pop().unwrap().transcript();
+    assert_eq!(sent, ["system: You are kind.", "user: fresh"]);
+}
+
+#[tokio::test]
+async fn vendor_custom_gets_the_summary_as_a_field_too() {
+    let h = Harness::start(&config(2, ""), "models = [\"*\"]\nvendor = \"custom\"").await;
+    for i in 0..6 {
+        h.say("custom", &format!("fact {i}")).await;
+    }
+    let s = summary_through(&h, "custom", 3).await;
+    h.say("custom", "next").await;
+    let sent = chats(&h).pop().unwrap();
+    assert_eq!(sent.body["recall_summary"]["text"], s["text"]);
+    assert!(sent.body["recall_summary"]["last_seq"].as_u64().unwrap() >= 3);
+}
+
+#[tokio::test]
+async fn an_ended_sessions_webhook_carries_its_summary() {
+    let hook = WebhookReceiver::start(0).await;
+    let extra = format!("[webhook]\nurl = \"{}\"\n", hook.url);
+    let h = harness(2, &extra).await;
+    for i in 0..6 {
+        h.say("ends", &format!("fact {i}")).await;
+    }
+    let s = summary_through(&h, "ends", 3).await;
+    let (status, _) = h.api(Method::DELETE, "/v1/sessions/ends", None).await;
+    assert_eq!(status, 200);
+    let (_, _, ended) = hook
+        .wait_for(Duration::from_secs(5), |e| e["event"] == "session_ended")
+        .await;
+    assert_eq!(ended["summary"]["text"], s["text"]);
+}
