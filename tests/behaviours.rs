@@ -167,6 +167,7 @@ impl World {
         let turn = TurnRequest {
             incoming: sent,
             user: None,
+            note_user: None,
             encoding: Encoding::Approx,
             now_ms: self.now,
             retrying,

@@ -421,3 +421,54 @@ async fn the_demo_config_starts_and_answers() {
          I received 2 messages (1 system, 1 user)."
     );
 }
+
+/// README's "Memory beyond the window": with config/demo-memory.toml, the
+/// mock still names the user after 30 turns with a window of 6.
+#[tokio::test]
+async fn the_memory_demo_still_names_the_user_after_thirty_turns() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/demo-memory.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let config = recall::Config::parse(&text, std::path::Path::new(path)).unwrap();
+    let app = recall::App::new(config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/v1/chat/completions",
+        listener.local_addr().unwrap()
+    );
+    let served = std::sync::Arc::clone(&app);
+    tokio::spawn(async move { recall::serve(listener, served, std::future::pending()).await });
+    let client = reqwest::Client::new();
+    let say = |text: String| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let body: Value = client
+                .post(&url)
+                .header("x-session-id", "demo")
+                .json(&json!({"model": "gpt-4o-mini", "messages": [user(&text)]}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            body["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    say("My name is Ada.".into()).await;
+    for i in 1..=30 {
+        say(format!("Tell me about topic {i}.")).await;
+        // Folds run in the background; the demo's reader types slower.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let answer = say("What is my name?".into()).await;
+    assert!(
+        answer.contains(
+            "My notes say: Summary of the conversation so far: The user said: My name is Ada;"
+        ),
+        "{answer}"
+    );
+}

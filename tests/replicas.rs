@@ -681,11 +681,11 @@ async fn a_write_for_an_ended_session_does_not_land_in_its_successor() {
     };
     let save = |created_ms| Op::Save {
         id: id.into(),
-        meta: Meta {
+        meta: Box::new(Meta {
             created_ms,
             last_active_ms: created_ms,
             ..Meta::default()
-        },
+        }),
     };
     let push = |seq, text: &str| Op::Push {
         id: id.into(),

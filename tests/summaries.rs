@@ -57,51 +57,45 @@ fn content(m: &Value) -> &str {
     m["content"].as_str().unwrap_or_default()
 }
 
+/// Every `fact 0` to `fact {upto}` said so far is in what the upstream was
+/// sent: in the window, or in the summary (`Known: ...`) right after
+/// recall's system message. Returns the count of messages sent.
+fn assert_within_reach(sent: &Received, upto: usize) -> usize {
+    let messages = sent.messages();
+    assert_eq!(content(&messages[0]), "You are kind.");
+    let summary = messages
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .find_map(|m| content(m).strip_prefix("Summary of the conversation so far: "))
+        .unwrap_or("");
+    if !summary.is_empty() {
+        assert!(content(&messages[1]).starts_with("Summary of the conversation so far: "));
+    }
+    let window: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(content)
+        .collect();
+    for j in 0..=upto {
+        let fact = format!("fact {j}");
+        let in_summary = summary
+            .strip_prefix("Known: ")
+            .is_some_and(|k| k.split(" | ").any(|f| f == fact));
+        assert!(
+            in_summary || window.contains(&fact.as_str()),
+            "{fact} is neither in the window {window:?} nor in the summary {summary:?}"
+        );
+    }
+    messages.len()
+}
+
 #[tokio::test]
 async fn a_sixty_turn_session_keeps_every_fact_within_reach() {
     let h = harness(4, "").await;
     let mut longest = 0;
     for i in 0..60 {
         h.say("long", &format!("fact {i}")).await;
-        let sent = chats(&h).pop().unwrap();
-        let messages = sent.messages();
-        // recall's system message first; the summary, if any, right after.
-        assert_eq!(content(&messages[0]), "You are kind.");
-        let summary = messages
-            .iter()
-            .filter(|m| m["role"] == "system")
-            .find_map(|m| content(m).strip_prefix("Summary of the conversation so far: "))
-            .unwrap_or("");
-        if !summary.is_empty() {
-            assert_eq!(messages[1]["role"], "system");
-            assert!(content(&messages[1]).starts_with("Summary of the conversation so far: "));
-        }
-        let window: Vec<&str> = messages
-            .iter()
-            .filter(|m| m["role"] == "user")
-            .map(content)
-            .collect();
-        for j in 0..=i {
-            let fact = format!("fact {j}");
-            let in_summary = summary
-                .strip_prefix("Known: ")
-                .is_some_and(|k| k.split(" | ").any(|f| f == fact));
-            if !(in_summary || window.contains(&fact.as_str())) {
-                let m = h.metrics().await;
-                eprintln!(
-                    "DBG {}",
-                    m.lines()
-                        .filter(|l| l.contains("summary"))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
-            }
-            assert!(
-                in_summary || window.contains(&fact.as_str()),
-                "turn {i}: {fact} is neither in the window {window:?} nor in the summary {summary:?}"
-            );
-        }
-        longest = longest.max(messages.len());
+        longest = longest.max(assert_within_reach(&chats(&h).pop().unwrap(), i));
     }
     // The window stayed small: the summary carried the rest.
     assert!(longest <= 1 + 1 + 6 + 8, "a window of {longest} messages");
@@ -122,6 +116,91 @@ async fn a_sixty_turn_session_keeps_every_fact_within_reach() {
         metrics.contains("recall_summary_jobs_total{job=\"fold\",outcome=\"stored\"}"),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn a_summary_and_a_note_survive_a_restart() {
+    if std::env::var("RECALL_TEST_BACKEND").as_deref() == Ok("redis") {
+        return;
+    }
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("recall-summaries-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("restart.db");
+    let _ = std::fs::remove_file(&db);
+    let toml = config(
+        2,
+        &format!(
+            "carry_over = true\n[storage]\nbackend = \"sqlite\"\npath = \"{}\"",
+            db.display()
+        ),
+    );
+    let first = Harness::start(&toml, "models = [\"*\"]").await;
+    for i in 0..6 {
+        first.say("kept", &format!("fact {i}")).await;
+    }
+    let before = summary_through(&first, "kept", 3).await;
+    first
+        .api(
+            Method::PUT,
+            "/v1/users/ada/memory",
+            Some(json!({"note": "Ada likes tea."})),
+        )
+        .await;
+    first.app.wind_down().await;
+
+    let second = Harness::start(&toml, "models = [\"*\"]").await;
+    assert_eq!(summary(&second, "kept").await.unwrap(), before);
+    let (status, note) = second.api(Method::GET, "/v1/users/ada/memory", None).await;
+    assert_eq!(status, 200, "{note}");
+    assert_eq!(note["note"], "Ada likes tea.");
+    second.say("kept", "fact 6").await;
+    assert_within_reach(&chats(&second).pop().unwrap(), 6);
+}
+
+#[tokio::test]
+async fn replicas_hand_a_session_over_in_the_middle_of_a_fold() {
+    let Ok(url) = std::env::var("RECALL_TEST_REDIS_URL") else {
+        return;
+    };
+    let toml = format!(
+        "{}\n[storage]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"sum{}\"\nlease_ms = 1000\n\
+         [[upstreams]]\nname = \"mock\"\nbase_url = \"{{base}}\"\nmodels = [\"*\"]\n",
+        config(2, ""),
+        std::process::id()
+    );
+    let upstream = MockUpstream::start().await;
+    let toml = toml.replace("{base}", &upstream.base_url());
+    let a = Harness::with_config(&toml, upstream.clone()).await;
+    let b = Harness::with_config(&toml, upstream.clone()).await;
+    // Folds take 300 ms: each replica's turns go on while the other's
+    // fold is under way, and answers come to a replica that no longer
+    // holds the session.
+    upstream.summaries(SummaryMode::Slow(Duration::from_millis(300)));
+    let mut fact = 0;
+    for round in 0..6 {
+        let replica = if round % 2 == 0 { &a } else { &b };
+        for _ in 0..5 {
+            replica.say("handed", &format!("fact {fact}")).await;
+            assert_within_reach(&upstream.split().1.pop().unwrap(), fact);
+            fact += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Whatever fold won, the one summary both replicas show covers a prefix
+    // of the conversation with every fact in it, in order.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (sa, sb) = (
+        summary(&a, "handed").await.unwrap(),
+        summary(&b, "handed").await.unwrap(),
+    );
+    assert_eq!(sa, sb);
+    let last = sa["last_seq"].as_u64().unwrap() as usize;
+    let facts = last.div_ceil(2);
+    let expected: Vec<String> = (0..facts).map(|i| format!("fact {i}")).collect();
+    assert_eq!(sa["text"], format!("Known: {}", expected.join(" | ")));
+    a.say("handed", &format!("fact {fact}")).await;
+    assert_within_reach(&upstream.split().1.pop().unwrap(), fact);
 }
 
 #[tokio::test]
@@ -245,6 +324,9 @@ async fn the_session_api_sets_folds_shows_and_resets_the_summary() {
         r["summary"]["text"],
         "Known: fact 0 | fact 1 | fact 2 | fact 3 | fact 4"
     );
+    // The history shows it, ahead of the messages.
+    let (_, history) = h.history("api").await;
+    assert_eq!(history["summary"], r["summary"]);
     // Nothing more to fold: the same summary.
     let (_, again) = h
         .api(Method::POST, "/v1/sessions/api/summarize", None)

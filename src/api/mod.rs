@@ -78,6 +78,12 @@ fn v1(app: &Arc<App>) -> Router<Arc<App>> {
         )
         .route("/sessions/{id}/summarize", post(memory::summarize))
         .route(
+            "/users/{user}/memory",
+            get(memory::get_user_memory)
+                .put(memory::put_user_memory)
+                .delete(memory::delete_user_memory),
+        )
+        .route(
             "/responses/{id}",
             get(responses::get).delete(responses::delete),
         )

@@ -192,3 +192,55 @@ fn redis_url_names_one_redis_or_a_clusters_nodes() {
         .to_string();
     assert!(e.contains("storage.key_prefix"), "{e}");
 }
+
+#[test]
+fn memory_needs_a_routed_summary_model_and_sane_values() {
+    let c = parse(UPSTREAM).unwrap();
+    assert!(!c.memory.summarize && !c.memory.carry_over);
+    assert_eq!(c.memory.summary_every_messages, 10);
+    assert_eq!(c.memory.summary_max_lag_messages, 50);
+    let routed =
+        "[[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodels = [\"gpt-*\"]\n";
+    for (memory, key) in [
+        ("summarize = true", "memory.summary_model"),
+        ("carry_over = true", "memory.summary_model"),
+        (
+            "summarize = true\nsummary_model = \"llama\"",
+            "memory.summary_model",
+        ),
+        (
+            "summarize = true\nsummary_model = \"gpt-x\"\nsummary_template = \"no slot\"",
+            "memory.summary_template",
+        ),
+        (
+            "carry_over = true\nsummary_model = \"gpt-x\"\ncarry_over_template = \"{summary}\"",
+            "memory.carry_over_template",
+        ),
+        (
+            "summarize = true\nsummary_model = \"gpt-x\"\nsummary_every_messages = 0",
+            "memory.summary_every_messages",
+        ),
+        (
+            "summarize = true\nsummary_model = \"gpt-x\"\nsummary_concurrency = 0",
+            "memory.summary_concurrency",
+        ),
+        (
+            "summarize = true\nsummary_model = \"gpt-x\"\nsummary_attempts = 0",
+            "memory.summary_timeout_secs",
+        ),
+        (
+            "summarize = true\nsummary_model = \"gpt-x\"\nsumarize = 1",
+            "sumarize",
+        ),
+    ] {
+        let e = parse(&format!("[memory]\n{memory}\n{routed}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{memory}: {e}");
+    }
+    let ok = parse(&format!(
+        "[memory]\nsummarize = true\ncarry_over = true\nsummary_model = \"gpt-x\"\n{routed}"
+    ))
+    .unwrap();
+    assert!(ok.memory.uses_model());
+}

@@ -12,6 +12,7 @@ use crate::memory::session::{EndWhen, Session};
 use crate::server::app::App;
 use crate::store::StorageError;
 use crate::store::{Op, Wait};
+use crate::summarizer::carry;
 use crate::webhook::{EndReason, Event};
 
 /// How often idle sessions are looked for.
@@ -95,11 +96,33 @@ async fn end_when(
     app.sessions.remove(&session);
     app.metrics.session_ended();
     let event = event_of(&ended);
+    carry_over(app, &ended);
     tracing::info!(session = %session.id, ?reason, "session ended");
     app.notifier
         .notify_kept(event.clone(), keep.then_some(kept_id));
     ticket.durable().await?;
     Ok(Some(event))
+}
+
+/// With `[memory] carry_over`, folds what an ended session leaves into
+/// its user's note, in the background.
+fn carry_over(app: &App, ended: &crate::memory::session::Ended) {
+    let Some(summarizer) = app
+        .summarizer
+        .as_ref()
+        .filter(|_| app.config.memory.carry_over)
+    else {
+        return;
+    };
+    let Some(left) = carry::Leftover::of(ended) else {
+        return;
+    };
+    let keep = carry::Keep {
+        notes: Arc::clone(&app.notes),
+        storage: Arc::clone(&app.policy.storage),
+        clock: app.policy.clock.clone(),
+    };
+    carry::start(Arc::clone(summarizer), keep, left);
 }
 
 /// Ends idle sessions and evicts the least active ones past the limit.

@@ -33,6 +33,15 @@ pub struct Summary {
     pub covered_tokens: u64,
 }
 
+/// What recall carries from a user's ended sessions into their next one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Note {
+    pub text: String,
+    /// The model that wrote it, or `"manual"`.
+    pub model: String,
+    pub at_ms: i64,
+}
+
 /// A summary as the session API and vendor "custom" show it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct View<'a> {
@@ -65,6 +74,14 @@ pub struct Remembered {
     /// The user's note this session started with (carry-over).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<String>,
+    /// Whose note this session's memory is carried into when it ends
+    /// (the note's key, tenant-scoped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The user's memory was deleted while this session lived: it carries
+    /// nothing into a note, ever.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forgotten: bool,
     /// Moves when the history is cleared or replaced: a fold begun before
     /// does not apply after.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -134,10 +151,35 @@ pub fn fold(
     let newest_user = history
         .iter()
         .rposition(|m| m.role == Role::User && !is_superseded(m))?;
-    let plain_start = plain_start.min(newest_user);
+    fold_to(
+        history,
+        first_seq,
+        remembered,
+        plain_start.min(newest_user),
+        due,
+    )
+}
+
+/// The fold of an ended session: everything the summary does not cover,
+/// its last turn included.
+pub fn last_fold(
+    history: &[Arc<Message>],
+    first_seq: u64,
+    remembered: &Remembered,
+) -> Option<Fold> {
+    fold_to(history, first_seq, remembered, history.len(), None)
+}
+
+fn fold_to(
+    history: &[Arc<Message>],
+    first_seq: u64,
+    remembered: &Remembered,
+    end: usize,
+    due: Option<Due>,
+) -> Option<Fold> {
     let from = remembered.uncovered_from(first_seq);
     let start = usize::try_from(from - first_seq).ok()?;
-    let range = history.get(start..plain_start)?;
+    let range = history.get(start..end)?;
     let read: Vec<&Message> = range.iter().map(|m| &**m).filter(|m| read(m)).collect();
     if read.is_empty() {
         return None;
@@ -151,7 +193,7 @@ pub fn fold(
     }
     Some(Fold {
         from,
-        until: first_seq + plain_start as u64,
+        until: first_seq + end as u64,
         epoch: remembered.epoch,
         previous: remembered.summary.clone(),
         messages: range.to_vec(),

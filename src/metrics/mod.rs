@@ -16,8 +16,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+mod cause;
 mod memory;
 
+pub use cause::Cause;
 pub use memory::{Job, JobOutcome, MemoryMetrics};
 
 use crate::memory::reconcile::Rewrite;
@@ -68,41 +70,6 @@ struct BackendLabels {
 }
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
-
-/// Why a reply was cut off.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cause {
-    /// A newer request of the same session (barge-in).
-    NewRequest,
-    /// `POST /v1/sessions/{id}/interrupt`.
-    Endpoint,
-    /// The client closed the stream.
-    ClientGone,
-    /// Another replica asked (a barge-in that landed there).
-    Replica,
-    /// Shutdown's grace period ran out.
-    Shutdown,
-}
-
-impl Cause {
-    pub const ALL: [Cause; 5] = [
-        Cause::NewRequest,
-        Cause::Endpoint,
-        Cause::ClientGone,
-        Cause::Replica,
-        Cause::Shutdown,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Cause::NewRequest => "new_request",
-            Cause::Endpoint => "endpoint",
-            Cause::ClientGone => "client_gone",
-            Cause::Replica => "replica",
-            Cause::Shutdown => "shutdown",
-        }
-    }
-}
 
 pub struct Metrics {
     registry: Registry,

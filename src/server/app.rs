@@ -1,5 +1,6 @@
 //! The application: shared state, the router with its layers, and serving.
 
+use crate::store::Notes;
 use crate::summarizer::{Summarizer, UpstreamModel};
 use std::future::Future;
 use std::sync::Arc;
@@ -45,6 +46,8 @@ pub struct App {
     pub instructions: Vec<Message>,
     /// The summary model's jobs, with `[memory] summarize` or `carry_over`.
     pub summarizer: Option<Arc<Summarizer>>,
+    /// Users' carried notes.
+    pub notes: Arc<Notes>,
 }
 
 impl App {
@@ -142,6 +145,7 @@ impl App {
             sweep_now: Arc::new(Notify::new()),
             instructions,
             summarizer,
+            notes: Arc::default(),
         });
         // Another replica asks for this one's reply in flight to stop.
         let weak = Arc::downgrade(&app);

@@ -10,11 +10,13 @@
 
 #[cfg(feature = "fault-injection")]
 pub mod faults;
+mod notes;
 mod op;
 pub mod redis;
 mod round;
 pub mod sqlite;
 
+pub use notes::Notes;
 pub use op::{Listed, Loaded, Meta, Op};
 pub use round::Ticket;
 pub(crate) use round::{gather, settle, Batch, Faults, Fences};

@@ -49,7 +49,7 @@ pub struct Listed {
 #[derive(Debug, Clone)]
 pub enum Op {
     /// Creates the session or replaces its meta.
-    Save { id: String, meta: Meta },
+    Save { id: String, meta: Box<Meta> },
     /// Updates the fields of a session's meta that move with its turns,
     /// leaving its users and system messages as they are. An upsert: a
     /// session it finds missing is created without users or system
@@ -98,6 +98,10 @@ pub enum Op {
     KeepEvent { id: String, body: String },
     /// Forgets a kept event (delivered at last).
     ForgetEvent { id: String },
+    /// Stores a user's carried note (`Note` as JSON) under its key.
+    SaveNote { user: String, body: String },
+    /// Forgets a user's note.
+    ForgetNote { user: String },
     /// The session's data must be at `version` (shared storage only): the
     /// version it was read at, plus one for each batch of this replica's
     /// since. Found otherwise, another replica changed the session (this
@@ -132,7 +136,11 @@ impl Op {
             | Op::Delete { id, .. }
             | Op::Expect { id, .. }
             | Op::Resume { id } => Some(id),
-            Op::Release { .. } | Op::KeepEvent { .. } | Op::ForgetEvent { .. } => None,
+            Op::Release { .. }
+            | Op::KeepEvent { .. }
+            | Op::ForgetEvent { .. }
+            | Op::SaveNote { .. }
+            | Op::ForgetNote { .. } => None,
         }
     }
 
@@ -154,6 +162,8 @@ impl Op {
             | Op::Release { .. }
             | Op::KeepEvent { .. }
             | Op::ForgetEvent { .. }
+            | Op::SaveNote { .. }
+            | Op::ForgetNote { .. }
             | Op::Resume { .. } => false,
         }
     }

@@ -6,6 +6,7 @@
 //! The model itself is behind `SummaryModel`: the configured upstream in
 //! the server, a script in the tests.
 
+pub mod carry;
 mod model;
 
 pub use model::{ModelError, SummaryModel, UpstreamModel};

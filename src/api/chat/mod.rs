@@ -200,11 +200,16 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
     let now = app.policy.clock.now_ms();
 
     let fallback = app.upstreams.fallback_of(&upstream).cloned();
+    let note_user = user
+        .as_deref()
+        .filter(|_| app.config.memory.carry_over)
+        .map(|u| access.internal(u).into_owned());
     let (prepared, flight, ran_in) = match session {
         Some(target) => {
             let turn = session::TurnRequest {
                 incoming: &conversation,
                 user: user.as_deref(),
+                note_user: note_user.as_deref(),
                 encoding: token_encoding(app, &model).await,
                 now_ms: now,
                 retrying: retrying(&headers),

@@ -144,6 +144,9 @@ async fn open_in(
         };
         if created {
             app.session_created();
+            if let Some(user) = turn.note_user {
+                crate::api::memory::carry_in(app, &session, user).await;
+            }
         }
         match session.begin(&app.policy, turn) {
             Ok((prepared, flight)) => {

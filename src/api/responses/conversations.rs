@@ -18,6 +18,7 @@ use super::read::{page, PageQuery};
 use super::request::items_to_messages;
 use super::{ids, items};
 use crate::api::auth::Access;
+use crate::api::memory;
 use crate::api::sessions::{self, Target, Turns};
 use crate::api::{PathParams, QueryParams};
 use crate::error::{ApiError, NotFound, RequestError};
@@ -151,7 +152,16 @@ pub async fn create(
         name,
     };
     let now = app.policy.clock.now_ms();
+    // A user named in the metadata gets their note carried in.
+    let user = memory::metadata_user(&app, &access, &metadata);
+    let note = match &user {
+        Some(key) => memory::note_of(&app, key).await,
+        None => None,
+    };
     let (session, ()) = sessions::write(&app, &target, true, Turns::Wait, |s| {
+        if let Some(key) = &user {
+            s.carry(key, note.clone());
+        }
         let mut ticket = s.set_metadata(&app.policy, metadata.clone(), now)?;
         if !messages.is_empty() {
             let (_, appended) = s.append_messages(&app.policy, messages.clone(), now)?;
@@ -172,6 +182,7 @@ pub async fn get(State(app): State<Arc<App>>, target: Target) -> Result<Json<Val
 /// `POST /v1/conversations/{id}` with `metadata`: replaces it.
 pub async fn update(
     State(app): State<Arc<App>>,
+    access: Option<Extension<Access>>,
     target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
@@ -181,7 +192,12 @@ pub async fn update(
     };
     existing(&app, &target).await?;
     let now = app.policy.clock.now_ms();
+    let access = access.map_or(Access::All, |Extension(a)| a);
+    let user = memory::metadata_user(&app, &access, &metadata);
     let (session, ()) = sessions::write(&app, &target, false, Turns::Wait, |s| {
+        if let Some(key) = &user {
+            s.carry(key, None);
+        }
         Ok(((), s.set_metadata(&app.policy, metadata.clone(), now)?))
     })
     .await

@@ -117,6 +117,13 @@ pub async fn history(
     };
     let session = existing(&app, &target).await?;
     let mut history = session.snapshot();
+    let remembered = session.remembered();
+    // The full form shows the running summary the window continues.
+    let summary = remembered
+        .summary
+        .as_ref()
+        .filter(|_| !openai)
+        .map(|s| s.view());
     if openai || !q.include_superseded {
         history
             .messages
@@ -133,12 +140,14 @@ pub async fn history(
         serde_json::to_vec(&HistoryBody {
             session_id: &target.name,
             turn_id: history.turn_id,
+            summary: None,
             contents: &contents,
         })
     } else {
         serde_json::to_vec(&HistoryBody {
             session_id: &target.name,
             turn_id: history.turn_id,
+            summary,
             contents: newest,
         })
     };
@@ -157,6 +166,8 @@ pub async fn history(
 struct HistoryBody<'a, T: serde::Serialize> {
     session_id: &'a str,
     turn_id: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    summary: Option<crate::memory::summary::View<'a>>,
     contents: &'a [T],
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::memory::interruption;
 use crate::config::InterruptedRendering;
 use crate::memory::tokens::Encoding;
 use serde_json::json;

@@ -67,7 +67,7 @@ impl Session {
         if !st.saved.whole {
             head.push(Op::Save {
                 id: self.id.clone(),
-                meta: self.meta(st),
+                meta: Box::new(self.meta(st)),
             });
         } else if moved {
             head.push(Op::Touch {

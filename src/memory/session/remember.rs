@@ -238,14 +238,34 @@ impl Session {
         Ok((summary, self.persist(&mut st, policy, Vec::new())))
     }
 
-    /// The note carried in from the user's last session, given to a
-    /// session that has not begun yet (else it is too late, and ignored).
-    pub fn carry(&self, note: String) {
+    /// Makes user `key` the one this session is carried into when it
+    /// ends (unless it has one), and gives it the user's `note`, if it has
+    /// not begun yet (else the note is too late, and ignored). Written with
+    /// the session's next change.
+    pub fn carry(&self, key: &str, note: Option<String>) {
         let mut st = self.state();
-        if st.messages.is_empty() && st.turn_id == 0 && st.remembered.carried.is_none() {
+        st.carried_into(key);
+        let fresh = st.messages.is_empty() && st.turn_id == 0;
+        if let (Some(note), true, None) = (note, fresh, &st.remembered.carried) {
             st.remembered.carried = Some(note);
             st.meta_changed();
         }
+    }
+
+    /// Forgets user `key`'s note in this session: the copy it started with,
+    /// and that its end is carried into the note. Whether it held either.
+    pub fn forget_user(&self, policy: &Policy, key: &str) -> Result<(bool, Ticket), Refused> {
+        let mut st = self.state();
+        if st.ended {
+            return Err(Refused::Ended);
+        }
+        if st.remembered.user.as_deref() != Some(key) || st.remembered.forgotten {
+            return Ok((false, Ticket::ready()));
+        }
+        st.remembered.carried = None;
+        st.remembered.forgotten = true;
+        st.meta_changed();
+        Ok((true, self.persist(&mut st, policy, Vec::new())))
     }
 
     pub fn remembered(&self) -> Remembered {

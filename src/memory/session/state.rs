@@ -156,6 +156,15 @@ impl State {
         st
     }
 
+    /// Makes user `key` the one the session is carried into when it ends,
+    /// unless it has one, or its user's memory was deleted meanwhile.
+    pub(super) fn carried_into(&mut self, key: &str) {
+        if self.remembered.user.is_none() && !self.remembered.forgotten {
+            self.remembered.user = Some(key.to_owned());
+            self.meta_changed();
+        }
+    }
+
     /// Users or system messages changed: the next write carries them.
     pub(super) fn meta_changed(&mut self) {
         self.saved.whole = false;

@@ -27,6 +27,9 @@ pub struct TurnRequest<'a> {
     /// The request's messages, instructions taken out.
     pub incoming: &'a [Message],
     pub user: Option<&'a str>,
+    /// With `[memory] carry_over`: the key of the user's carried note
+    /// (tenant-scoped), which the session's end folds into.
+    pub note_user: Option<&'a str>,
     /// How the model the turn is sent to counts tokens.
     pub encoding: Encoding,
     pub now_ms: i64,
@@ -150,6 +153,9 @@ impl Session {
                 st.users.push(user.to_owned());
                 st.meta_changed();
             }
+        }
+        if let Some(key) = req.note_user {
+            st.carried_into(key);
         }
         self.touch(req.now_ms);
         let prepared = self.append(&mut st, policy, req, retry_seq);

@@ -133,6 +133,8 @@ fn a_reset_forgets_the_summary_and_moves_the_epoch() {
     let mut r = Remembered {
         summary: Some(summary(10, "s")),
         carried: Some("note".into()),
+        user: None,
+        forgotten: false,
         epoch: 0,
     };
     assert_eq!(r.uncovered_from(4), 10);

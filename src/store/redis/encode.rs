@@ -234,6 +234,12 @@ fn queue(
                     .clone(),
             );
         }
+        Op::SaveNote { user, body } => {
+            pre.push(redis::cmd("SET").arg(keys.note(user)).arg(body).clone());
+        }
+        Op::ForgetNote { user } => {
+            pre.push(redis::cmd("DEL").arg(keys.note(user)).clone());
+        }
     }
     Ok(())
 }

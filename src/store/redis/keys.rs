@@ -49,6 +49,11 @@ impl Keys {
         format!("{}:{{u:{user}}}", self.prefix)
     }
 
+    /// String: a user's carried note, in the slot of the user's sessions.
+    pub fn note(&self, user: &str) -> String {
+        format!("{}:{{u:{user}}}:note", self.prefix)
+    }
+
     /// String with expiry: the replica sending a kept event.
     pub fn event_claim(&self, event: &str) -> String {
         format!("{}:{{e:{event}}}:claim", self.prefix)

@@ -172,6 +172,15 @@ impl Redis {
         Ok(out)
     }
 
+    /// A user's carried note, as stored.
+    pub async fn note(&self, user: &str) -> Result<Option<String>, StorageError> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("GET")
+            .arg(self.keys.note(user))
+            .query_async(&mut conn)
+            .await?)
+    }
+
     /// One kept event's body, if it is still kept.
     pub async fn kept_event(&self, id: &str) -> Result<Option<String>, StorageError> {
         let mut conn = self.conn.clone();

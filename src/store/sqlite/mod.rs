@@ -231,6 +231,17 @@ impl Sqlite {
         .await
     }
 
+    /// A user's carried note, as stored.
+    pub async fn note(&self, user: &str) -> Result<Option<String>, StorageError> {
+        let user = user.to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached("SELECT body FROM user_notes WHERE user = ?1")?;
+            let mut rows = stmt.query_map([&user], |r| r.get(0))?;
+            Ok(rows.next().transpose()?)
+        })
+        .await
+    }
+
     pub async fn count(&self) -> Result<usize, StorageError> {
         self.read(|conn| {
             let n: i64 = conn.query_row("SELECT COUNT(*) FROM sessions", [], |r| r.get(0))?;

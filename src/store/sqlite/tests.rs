@@ -108,7 +108,7 @@ async fn a_touch_moves_the_turn_and_keeps_users_and_system_messages() {
     };
     db.submit(vec![Op::Save {
         id: "s".into(),
-        meta,
+        meta: Box::new(meta),
     }])
     .durable()
     .await

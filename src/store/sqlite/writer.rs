@@ -314,6 +314,16 @@ pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
                 tx.prepare_cached("DELETE FROM undelivered_events WHERE id = ?1")?
                     .execute([id])?;
             }
+            Op::SaveNote { user, body } => {
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO user_notes (user, body) VALUES (?1, ?2)",
+                )?
+                .execute([user, body])?;
+            }
+            Op::ForgetNote { user } => {
+                tx.prepare_cached("DELETE FROM user_notes WHERE user = ?1")?
+                    .execute([user])?;
+            }
         }
     }
     Ok(())

@@ -1,6 +1,11 @@
 //! Memory beyond the window, at the edge: the summary and the carried note
 //! as the system messages a turn sends, the folds that run in the
-//! background, and the session API's `summary` and `summarize`.
+//! background, and the session API's `summary` and `summarize`; users'
+//! notes are in `users`.
+
+mod users;
+
+pub use users::{delete_user_memory, get_user_memory, put_user_memory};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +17,7 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
+use crate::api::auth::Access;
 use crate::api::sessions::{self, existing, json_body, Target, Turns};
 use crate::config::MemoryConfig;
 use crate::error::{ApiError, RequestError};
@@ -40,6 +46,37 @@ pub(crate) fn injected(config: &MemoryConfig, r: &Remembered) -> impl Iterator<I
         .as_ref()
         .map(|s| summary::message(&config.summary_template, "{summary}", &s.text));
     note.into_iter().chain(summary)
+}
+
+/// Gives a session its user's note, if the user has one: called when the
+/// session is made, before its first turn. A note that cannot be read is
+/// logged and the session starts without it.
+pub(crate) async fn carry_in(app: &App, session: &Session, user: &str) {
+    session.carry(user, note_of(app, user).await);
+}
+
+/// The text of user `key`'s note, if any; one that cannot be read is
+/// logged and taken as none.
+pub(crate) async fn note_of(app: &App, key: &str) -> Option<String> {
+    match app.notes.get(&app.policy.storage, key).await {
+        Ok(note) => note.map(|n| n.text),
+        Err(e) => {
+            tracing::warn!(error = %e, "a user's note could not be read");
+            None
+        }
+    }
+}
+
+/// With `[memory] carry_over`, the note key of the user a conversation's
+/// `metadata.user` names.
+pub(crate) fn metadata_user(
+    app: &App,
+    access: &Access,
+    metadata: &serde_json::Map<String, Value>,
+) -> Option<String> {
+    let user = metadata.get("user")?.as_str()?;
+    (app.config.memory.carry_over && !user.trim().is_empty())
+        .then(|| access.internal(user).into_owned())
 }
 
 /// Runs `fold` of session `id` in a task of its own; the turn that asked

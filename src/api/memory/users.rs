@@ -1,0 +1,172 @@
+//! `/v1/users/{user}/memory`: a user's carried note, read, set and
+//! forgotten (everywhere), within the caller's tenant.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::api::auth::Access;
+use crate::api::sessions::{self, json_body, Target, Turns};
+use crate::error::{ApiError, NotFound, RequestError};
+use crate::memory::summary::{self, Note};
+use crate::server::app::App;
+
+/// The user a `/v1/users/{user}/memory` request names: as the caller knows
+/// them, and their note's key within the caller's tenant.
+pub struct UserTarget {
+    pub name: String,
+    pub key: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for UserTarget {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| RequestError::invalid(e.body_text(), Some("user")))?;
+        let name = params.get("user").cloned().unwrap_or_default();
+        if name.trim().is_empty() || name.len() > 256 {
+            return Err(
+                RequestError::invalid("a user id is 1 to 256 characters", Some("user")).into(),
+            );
+        }
+        let access = parts
+            .extensions
+            .get::<Access>()
+            .cloned()
+            .unwrap_or(Access::All);
+        Ok(UserTarget {
+            key: access.internal(&name).into_owned(),
+            name,
+        })
+    }
+}
+
+fn note_json(user: &str, note: &Note) -> Value {
+    json!({"user": user, "note": note.text, "model": note.model, "updated_at": note.at_ms})
+}
+
+fn no_note(user: &UserTarget) -> ApiError {
+    RequestError::ObjectNotFound(NotFound {
+        what: "user memory",
+        id: user.name.clone(),
+        param: Some("user"),
+        code: "user_memory_not_found",
+    })
+    .into()
+}
+
+/// `GET /v1/users/{user}/memory`: the note the user's next session starts
+/// with.
+pub async fn get_user_memory(
+    State(app): State<Arc<App>>,
+    user: UserTarget,
+) -> Result<Json<Value>, ApiError> {
+    match app.notes.get(&app.policy.storage, &user.key).await? {
+        Some(note) => Ok(Json(note_json(&user.name, &note))),
+        None => Err(no_note(&user)),
+    }
+}
+
+/// `PUT /v1/users/{user}/memory` with `{"note": "..."}`: sets the note.
+pub async fn put_user_memory(
+    State(app): State<Arc<App>>,
+    user: UserTarget,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let text = match json_body(&app, body).await? {
+        Value::Object(mut o) => match o.remove("note") {
+            Some(Value::String(s)) if !s.trim().is_empty() => s,
+            _ => {
+                return Err(RequestError::invalid(
+                    "`note` must be a non-empty string",
+                    Some("note"),
+                )
+                .into())
+            }
+        },
+        _ => {
+            return Err(
+                RequestError::invalid("the body must be an object with `note`", None).into(),
+            )
+        }
+    };
+    let note = Note {
+        text,
+        model: summary::MANUAL.into(),
+        at_ms: app.policy.clock.now_ms(),
+    };
+    app.notes
+        .put(&app.policy.storage, &user.key, &note)
+        .durable()
+        .await?;
+    Ok(Json(note_json(&user.name, &note)))
+}
+
+/// `DELETE /v1/users/{user}/memory`: forgets the note, and with it every
+/// copy sessions hold (the note they started with) and their carrying
+/// into it when they end.
+pub async fn delete_user_memory(
+    State(app): State<Arc<App>>,
+    user: UserTarget,
+) -> Result<Json<Value>, ApiError> {
+    let storage = &app.policy.storage;
+    let had = app.notes.get(storage, &user.key).await?.is_some();
+    app.notes.forget(storage, &user.key).durable().await?;
+    let mut ids: Vec<String> = app
+        .sessions
+        .all()
+        .iter()
+        .filter(|s| s.remembered().user.as_deref() == Some(&user.key))
+        .map(|s| s.id.clone())
+        .collect();
+    if storage.persistent() {
+        // The users index names sessions by the user as they sent it.
+        let mut after: Option<String> = None;
+        loop {
+            let page = storage
+                .list(after.as_deref(), 500, Some(&user.name))
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.id.clone());
+            ids.extend(
+                page.into_iter()
+                    .filter(|l| l.meta.remembered.user.as_deref() == Some(&user.key))
+                    .map(|l| l.id),
+            );
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    let mut sessions = 0;
+    for id in ids {
+        let target = Target {
+            name: id.clone(),
+            id,
+        };
+        let key = user.key.clone();
+        match sessions::write(&app, &target, false, Turns::Wait, |s| {
+            s.forget_user(&app.policy, &key)
+        })
+        .await
+        {
+            Ok((_, true)) => sessions += 1,
+            Ok((_, false)) => {}
+            // Ended meanwhile: nothing of it is left to forget.
+            Err(ApiError::Request(RequestError::SessionNotFound { .. })) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if !had && sessions == 0 {
+        return Err(no_note(&user));
+    }
+    Ok(Json(
+        json!({"user": user.name, "deleted": true, "sessions": sessions}),
+    ))
+}
