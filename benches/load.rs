@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -127,7 +128,20 @@ fn start_mock() -> SocketAddr {
     rx.recv().expect("mock address")
 }
 
+/// What the mock was sent: chat calls and their bytes, and calls of the
+/// summary model (`SUMMARY_MODEL`), for the long-session scenario.
+static CHAT_CALLS: AtomicU64 = AtomicU64::new(0);
+static CHAT_BYTES: AtomicU64 = AtomicU64::new(0);
+static SUMMARY_CALLS: AtomicU64 = AtomicU64::new(0);
+const SUMMARY_MODEL: &str = "bench-summarizer";
+
 async fn mock_reply(body: Bytes) -> Response {
+    if memchr_contains(&body, SUMMARY_MODEL.as_bytes()) {
+        SUMMARY_CALLS.fetch_add(1, Ordering::Relaxed);
+    } else {
+        CHAT_CALLS.fetch_add(1, Ordering::Relaxed);
+        CHAT_BYTES.fetch_add(body.len() as u64, Ordering::Relaxed);
+    }
     let stream =
         memchr_contains(&body, br#""stream":true"#) || memchr_contains(&body, br#""stream": true"#);
     if !stream {
@@ -229,13 +243,20 @@ async fn start_recall_with(
     max_messages: usize,
     workers: usize,
 ) -> Target {
+    let history = format!("[history]\nwindow_messages = 20\nmax_messages = {max_messages}\n");
+    launch(mock, backend, workers, &history).await
+}
+
+/// recall with `sections` (`[history]` at least, any others) and the rest
+/// of the benchmark's config.
+async fn launch(mock: SocketAddr, backend: &str, workers: usize, sections: &str) -> Target {
     let port = free_port();
     let dir = work_dir();
     let db = dir.join(format!("bench-{port}.db"));
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\nmax_body_bytes = 67108864\n\
          worker_threads = {workers}\n\
-         [history]\nwindow_messages = 20\nmax_messages = {max_messages}\n\
+         {sections}\n\
          [session]\nttl_secs = 0\nmax_sessions = 1000000\n\
          [storage]\nbackend = \"{backend}\"\npath = \"{}\"\n[log]\nlevel = \"warn\"\n\
          [[upstreams]]\nname = \"mock\"\nbase_url = \"http://{mock}/v1\"\n",
@@ -984,6 +1005,11 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         );
     }
 
+    // 6. Long sessions: memory beyond the window.
+    if wanted("long session") {
+        long_sessions(mock, quick, repeat).await;
+    }
+
     // The overhead: proxy minus direct.
     println!();
     println!("| path | scenario | added p50 ms | added p99 ms | added TTFB p99 ms |");
@@ -1012,6 +1038,103 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
             }
         );
     }
+}
+
+/// 10 sessions of 500 turns each (100 with `--quick`), each turn sending
+/// only its new message, turns of a session in sequence: the plain window
+/// of 20, the same with a running summary folded every 10 messages (by the
+/// mock, instantly), and the full history (no window). Per-turn latency,
+/// and what the upstream was sent per turn.
+async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
+    let turns = if quick { 100 } else { 500 };
+    let sessions = 10;
+    let window = "[history]\nwindow_messages = 20\nmax_messages = 20000\n";
+    let paths = [
+        ("plain window of 20", window.to_owned()),
+        (
+            "window of 20 + running summary",
+            format!(
+                "{window}[memory]\nsummarize = true\nsummary_model = \"{SUMMARY_MODEL}\"\n\
+                 summary_every_messages = 10\n"
+            ),
+        ),
+        (
+            "full history (no window)",
+            "[history]\nwindow_messages = 0\nmax_messages = 0\n".to_owned(),
+        ),
+    ];
+    println!();
+    println!(
+        "| long session ({sessions} sessions × {turns} turns, memory) | p50 ms | p99 ms | \
+         upstream bytes per turn | ≈ tokens per turn (bytes / 4) | summary calls |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut figures: Vec<Vec<(f64, f64, f64, u64)>> = vec![Vec::new(); paths.len()];
+    for round in 0..repeat {
+        for (i, (_, sections)) in paths.iter().enumerate() {
+            let target = launch(mock, "memory", 0, sections).await;
+            let (calls, bytes, folds) = (
+                CHAT_CALLS.load(Ordering::Relaxed),
+                CHAT_BYTES.load(Ordering::Relaxed),
+                SUMMARY_CALLS.load(Ordering::Relaxed),
+            );
+            let mut lat = turn_by_turn(&target, sessions, turns, round).await;
+            let calls = CHAT_CALLS.load(Ordering::Relaxed) - calls;
+            let bytes = CHAT_BYTES.load(Ordering::Relaxed) - bytes;
+            let folds = SUMMARY_CALLS.load(Ordering::Relaxed) - folds;
+            figures[i].push((
+                pct(&mut lat, 0.5),
+                pct(&mut lat, 0.99),
+                bytes as f64 / calls.max(1) as f64,
+                folds,
+            ));
+        }
+    }
+    for ((name, _), runs) in paths.iter().zip(&figures) {
+        let mut p50: Vec<f64> = runs.iter().map(|r| r.0).collect();
+        let mut p99: Vec<f64> = runs.iter().map(|r| r.1).collect();
+        let mut per_turn: Vec<f64> = runs.iter().map(|r| r.2).collect();
+        let folds = runs.iter().map(|r| r.3).max().unwrap_or(0);
+        let per_turn = median_of(&mut per_turn);
+        println!(
+            "| {name} | {:.3} | {:.3} | {per_turn:.0} | {:.0} | {folds} |",
+            median_of(&mut p50),
+            median_of(&mut p99),
+            per_turn / 4.0
+        );
+    }
+}
+
+/// Latencies of `turns` turns in each of `sessions` new sessions, a
+/// session's turns in sequence, the sessions side by side.
+async fn turn_by_turn(target: &Target, sessions: usize, turns: usize, round: usize) -> Vec<f64> {
+    let client = client();
+    let url = format!("{}/chat/completions", target.base);
+    let workers: Vec<_> = (0..sessions)
+        .map(|s| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(turns);
+                for i in 0..turns {
+                    let due = tokio::time::Instant::now();
+                    let session = Some(format!("long-{round}-{s}"));
+                    if let Ok((l, _, _)) =
+                        one(&client, &url, session, request_body(false, i), false, due).await
+                    {
+                        lat.push(l);
+                    }
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for w in workers {
+        if let Ok(lat) = w.await {
+            all.extend(lat);
+        }
+    }
+    all
 }
 
 /// A second of the scenario's load, not measured: connections, caches
