@@ -63,6 +63,14 @@ async fn memory_as(
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
+/// Sets `user`'s note through the memory API, which must take it.
+async fn put_note(h: &Harness, user: &str, note: &str) -> Value {
+    let body = json!({"note": note});
+    let (status, put) = memory_as(h, None, Method::PUT, user, Some(body)).await;
+    assert_eq!(status, 200, "{put}");
+    put
+}
+
 /// Waits until `user` has a note, and returns it.
 async fn note(h: &Harness, key: Option<&str>, user: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -179,15 +187,7 @@ async fn the_memory_api_reads_edits_and_forgets_a_note_everywhere() {
     let h = harness("").await;
     let (status, _) = memory_as(&h, None, Method::GET, "ada", None).await;
     assert_eq!(status, 404);
-    let (status, put) = memory_as(
-        &h,
-        None,
-        Method::PUT,
-        "ada",
-        Some(json!({"note": "Ada likes tea."})),
-    )
-    .await;
-    assert_eq!(status, 200, "{put}");
+    let put = put_note(&h, "ada", "Ada likes tea.").await;
     assert_eq!(put["model"], "manual");
     assert_eq!(note(&h, None, "ada").await["note"], "Ada likes tea.");
     for bad in [
@@ -244,14 +244,7 @@ async fn an_expired_session_is_carried_over_and_a_failing_model_writes_no_note()
 #[tokio::test]
 async fn a_conversation_whose_metadata_names_the_user_carries_over() {
     let h = harness("").await;
-    memory_as(
-        &h,
-        None,
-        Method::PUT,
-        "ada",
-        Some(json!({"note": "Ada likes tea."})),
-    )
-    .await;
+    put_note(&h, "ada", "Ada likes tea.").await;
     let (status, c) = h
         .api(
             Method::POST,

@@ -428,15 +428,9 @@ async fn the_demo_config_starts_and_answers() {
 async fn the_memory_demo_still_names_the_user_after_thirty_turns() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/demo-memory.toml");
     let text = std::fs::read_to_string(path).unwrap();
-    let config = recall::Config::parse(&text, std::path::Path::new(path)).unwrap();
-    let app = recall::App::new(config).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/v1/chat/completions",
-        listener.local_addr().unwrap()
-    );
-    let served = std::sync::Arc::clone(&app);
-    tokio::spawn(async move { recall::serve(listener, served, std::future::pending()).await });
+    // Its own [storage] and mock: the harness's upstream is never called.
+    let h = Harness::with_config(&text, MockUpstream::start().await).await;
+    let url = format!("{}/v1/chat/completions", h.url);
     let client = reqwest::Client::new();
     let say = |text: String| {
         let client = client.clone();

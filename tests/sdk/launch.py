@@ -20,8 +20,10 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -98,6 +100,32 @@ def http(method: str, url: str, body=None, timeout: float = 5.0):
         return status, json.loads(raw)
     except ValueError:
         return status, raw.decode(errors="replace")
+
+
+@contextlib.contextmanager
+def shipped_config(name: str):
+    """recall on `config/<name>` as shipped (its mock://echo upstream), on a
+    port of its own; yields its base URL."""
+    port = free_port()
+    text = (REPO / "config" / name).read_text()
+    config = Path(tempfile.mkdtemp()) / name
+    config.write_text(re.sub(r"(?m)^listen = .*$", f'listen = "127.0.0.1:{port}"', text))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
+    proc = subprocess.Popen([str(recall_bin()), "--config", str(config)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if http("GET", f"{base}/readyz", timeout=1.0)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 class Stack:

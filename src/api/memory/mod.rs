@@ -222,23 +222,7 @@ pub async fn put_summary(
     target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let text = match json_body(&app, body).await? {
-        Value::Object(mut o) => match o.remove("summary") {
-            Some(Value::String(s)) if !s.trim().is_empty() => s,
-            _ => {
-                return Err(RequestError::invalid(
-                    "`summary` must be a non-empty string",
-                    Some("summary"),
-                )
-                .into())
-            }
-        },
-        _ => {
-            return Err(
-                RequestError::invalid("the body must be an object with `summary`", None).into(),
-            )
-        }
-    };
+    let text = text_field(json_body(&app, body).await?, "summary")?;
     let (rules, limits) = window_of(&app)?;
     let now = app.policy.clock.now_ms();
     let (_, stored) = sessions::write(&app, &target, false, Turns::Wait, |s| {
@@ -248,6 +232,21 @@ pub async fn put_summary(
     Ok(Json(
         json!({"session_id": target.name, "summary": stored.view()}),
     ))
+}
+
+/// The non-empty string under `key` of an object body.
+pub(crate) fn text_field(body: Value, key: &str) -> Result<String, ApiError> {
+    let Value::Object(mut o) = body else {
+        let message = format!("the body must be an object with `{key}`");
+        return Err(RequestError::invalid(message, None).into());
+    };
+    match o.remove(key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s),
+        _ => {
+            let message = format!("`{key}` must be a non-empty string");
+            Err(RequestError::invalid(message, Some(key)).into())
+        }
+    }
 }
 
 /// `POST /v1/sessions/{id}/summarize`: folds every message outside the

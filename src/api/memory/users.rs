@@ -80,23 +80,7 @@ pub async fn put_user_memory(
     user: UserTarget,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let text = match json_body(&app, body).await? {
-        Value::Object(mut o) => match o.remove("note") {
-            Some(Value::String(s)) if !s.trim().is_empty() => s,
-            _ => {
-                return Err(RequestError::invalid(
-                    "`note` must be a non-empty string",
-                    Some("note"),
-                )
-                .into())
-            }
-        },
-        _ => {
-            return Err(
-                RequestError::invalid("the body must be an object with `note`", None).into(),
-            )
-        }
-    };
+    let text = super::text_field(json_body(&app, body).await?, "note")?;
     let note = Note {
         text,
         model: summary::MANUAL.into(),

@@ -1,6 +1,6 @@
 use super::*;
-use crate::memory::interruption;
 use crate::config::InterruptedRendering;
+use crate::memory::interruption;
 use crate::memory::tokens::Encoding;
 use serde_json::json;
 

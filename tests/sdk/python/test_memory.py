@@ -6,41 +6,11 @@ recall's HTTP API.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import tempfile
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 from openai import OpenAI
 
-from launch import REPO, free_port, http, recall_bin
-
-
-@contextmanager
-def demo_memory():
-    """recall on `config/demo-memory.toml`, on a port of its own."""
-    port = free_port()
-    demo = (REPO / "config" / "demo-memory.toml").read_text()
-    config = Path(tempfile.mkdtemp()) / "demo-memory.toml"
-    config.write_text(re.sub(r"(?m)^listen = .*$", f'listen = "127.0.0.1:{port}"', demo))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
-    proc = subprocess.Popen([str(recall_bin()), "--config", str(config)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                if http("GET", f"http://127.0.0.1:{port}/readyz", timeout=1.0)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+from launch import http, shipped_config
 
 
 def client(base: str, session: str, user: str) -> OpenAI:
@@ -64,7 +34,7 @@ def wait_for(check, what: str, within: float = 10.0):
 
 
 def test_the_model_still_names_the_user_after_thirty_turns_and_in_their_next_session():
-    with demo_memory() as base:
+    with shipped_config("demo-memory.toml") as base:
         ada = client(base, "py-memory", "ada")
         say(ada, "My name is Ada.")
         for i in range(1, 31):

@@ -156,32 +156,11 @@ def test_an_agent_holds_a_two_turn_conversation_with_a_tool(scripted):
 def test_the_readme_agent_runs_on_the_shipped_demo_config():
     """The README's Agents SDK example, against `config/demo.toml` (the
     built-in mock://echo upstream), on a port of its own."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-    import time
-    from pathlib import Path
-
     from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
-    from launch import REPO, free_port, http, recall_bin
+    from launch import shipped_config
 
-    port = free_port()
-    demo = (REPO / "config" / "demo.toml").read_text()
-    config = Path(tempfile.mkdtemp()) / "demo.toml"
-    config.write_text(re.sub(r'(?m)^listen = .*$', f'listen = "127.0.0.1:{port}"', demo))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
-    proc = subprocess.Popen([str(recall_bin()), "--config", str(config)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                if http("GET", f"http://127.0.0.1:{port}/readyz", timeout=1.0)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.05)
+    with shipped_config("demo.toml") as base:
         set_tracing_disabled(True)
 
         @function_tool
@@ -191,7 +170,7 @@ def test_the_readme_agent_runs_on_the_shipped_demo_config():
 
         model = OpenAIResponsesModel(
             model="gpt-4o-mini",
-            openai_client=AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-..."),
+            openai_client=AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-..."),
         )
         agent = Agent(name="assistant", instructions="Answer briefly.", tools=[get_weather], model=model)
 
@@ -208,6 +187,3 @@ def test_the_readme_agent_runs_on_the_shipped_demo_config():
         # quoted back, and the window held both turns.
         assert 'Before that you said: "What\'s the weather in Paris?"' in second.final_output
         assert "2 user, 1 assistant" in second.final_output
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
