@@ -259,3 +259,25 @@ async fn a_conversation_whose_metadata_names_the_user_carries_over() {
     assert!(system_sent(&h)
         .contains(&"system: Previously, the user talked about: Ada likes tea.".to_owned()));
 }
+
+#[tokio::test]
+async fn a_delete_during_a_carry_over_is_not_written_over() {
+    let h = harness("").await;
+    put_note(&h, "ada", "Ada likes tea.").await;
+    say_as(&h, None, "ada", "racing", "My name is Ada").await;
+    // The session's last fold takes 500 ms; the memory is deleted meanwhile.
+    h.upstream
+        .summaries(SummaryMode::Slow(Duration::from_millis(500)));
+    h.api(Method::DELETE, "/v1/sessions/racing", None).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = memory_as(&h, None, Method::DELETE, "ada", None).await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, n) = memory_as(&h, None, Method::GET, "ada", None).await;
+    assert_eq!(status, 404, "{n}");
+    // A session that begins after the delete carries over as usual.
+    h.upstream.summaries(SummaryMode::Fold);
+    say_as(&h, None, "ada", "later", "I like coffee").await;
+    h.api(Method::DELETE, "/v1/sessions/later", None).await;
+    assert_eq!(note(&h, None, "ada").await["note"], "Known: I like coffee");
+}

@@ -48,6 +48,14 @@ async fn summary_through(h: &Harness, session: &str, last_seq: u64) -> Value {
     }
 }
 
+/// The value of the metric line `name` (labels included).
+async fn metric(h: &Harness, name: &str) -> f64 {
+    let text = h.metrics().await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
 /// The chat requests the upstream received (not the summary model's).
 fn chats(h: &Harness) -> Vec<Received> {
     h.upstream.split().1
@@ -289,10 +297,13 @@ async fn a_failing_summary_model_leaves_turns_working_and_the_summary_intact() {
     // Every turn was answered and kept; the window reached back meanwhile.
     let last = chats(&h).pop().unwrap().transcript();
     assert!(last.contains(&"user: more 0".to_owned()), "{last:?}");
-    let metrics = h.metrics().await;
     assert!(
-        !metrics.contains("recall_summary_jobs_total{job=\"fold\",outcome=\"failed\"} 0"),
-        "{metrics}"
+        metric(
+            &h,
+            "recall_summary_jobs_total{job=\"fold\",outcome=\"failed\"}"
+        )
+        .await
+            >= 3.0
     );
     // Back up: the next fold takes everything the summary missed.
     h.upstream.summaries(SummaryMode::Fold);
@@ -411,4 +422,81 @@ async fn an_ended_sessions_webhook_carries_its_summary() {
         .wait_for(Duration::from_secs(5), |e| e["event"] == "session_ended")
         .await;
     assert_eq!(ended["summary"]["text"], s["text"]);
+}
+
+#[tokio::test]
+async fn a_summary_too_far_behind_leaves_a_counted_gap_and_the_plain_window() {
+    let h = harness(2, "summary_attempts = 1\nsummary_max_lag_messages = 4").await;
+    h.upstream.summaries(SummaryMode::Fail(500));
+    for i in 0..8 {
+        h.say("gap", &format!("fact {i}")).await;
+    }
+    // 16 messages, a window of 6 from the newest user message: more than
+    // 4 uncovered outside it, so the plain window goes, and the gap counts.
+    let sent = chats(&h).pop().unwrap().transcript();
+    assert_eq!(sent.len(), 1 + 5, "{sent:?}");
+    assert!(metric(&h, "recall_summary_gaps_total").await >= 1.0);
+    assert_eq!(summary(&h, "gap").await, None);
+}
+
+#[tokio::test]
+async fn replacing_the_history_resets_the_summary_and_the_note_comes_before_it() {
+    let h = harness(2, "carry_over = true").await;
+    h.api(
+        Method::PUT,
+        "/v1/users/ada/memory",
+        Some(json!({"note": "Ada likes tea."})),
+    )
+    .await;
+    let say = |text: String| {
+        let h = &h;
+        async move {
+            let resp = h
+                .client
+                .post(format!("{}/v1/chat/completions", h.url))
+                .header("x-session-id", "reset")
+                .header("x-user-id", "ada")
+                .json(&json!({"model": "gpt-test", "messages": [user(&text)]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+    };
+    for i in 0..6 {
+        say(format!("fact {i}")).await;
+    }
+    summary_through(&h, "reset", 3).await;
+    say("next".into()).await;
+    let sent = chats(&h).pop().unwrap().transcript();
+    assert_eq!(sent[0], "system: You are kind.");
+    assert_eq!(
+        sent[1],
+        "system: Previously, the user talked about: Ada likes tea."
+    );
+    assert!(
+        sent[2].starts_with("system: Summary of the conversation so far: Known: fact 0"),
+        "{sent:?}"
+    );
+    let (status, _) = h
+        .api(
+            Method::PUT,
+            "/v1/sessions/reset/history",
+            Some(json!({"contents": [user("seeded"), assistant("ok")]})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(summary(&h, "reset").await, None);
+    say("after".into()).await;
+    let sent = chats(&h).pop().unwrap().transcript();
+    assert_eq!(
+        sent,
+        [
+            "system: You are kind.",
+            "system: Previously, the user talked about: Ada likes tea.",
+            "user: seeded",
+            "assistant: ok",
+            "user: after",
+        ]
+    );
 }

@@ -235,6 +235,20 @@ impl Config {
                 return Err((key, "must be at least 1".into()));
             }
         }
+        let h = &self.history;
+        if m.summarize
+            && h.max_messages != 0
+            && h.window_messages + m.summary_max_lag_messages > h.max_messages
+        {
+            return Err((
+                "summary_max_lag_messages",
+                format!(
+                    "({}) plus history.window_messages ({}) must not exceed history.max_messages ({}): \
+                     messages would be dropped before the summary covers them",
+                    m.summary_max_lag_messages, h.window_messages, h.max_messages
+                ),
+            ));
+        }
         if m.summary_timeout_secs == 0 || m.summary_attempts == 0 {
             return Err((
                 "summary_timeout_secs",

@@ -96,7 +96,7 @@ async fn end_when(
     app.sessions.remove(&session);
     app.metrics.session_ended();
     let event = event_of(&ended);
-    carry_over(app, &ended);
+    carry_over(app, &ended, session.created_ms);
     tracing::info!(session = %session.id, ?reason, "session ended");
     app.notifier
         .notify_kept(event.clone(), keep.then_some(kept_id));
@@ -106,7 +106,7 @@ async fn end_when(
 
 /// With `[memory] carry_over`, folds what an ended session leaves into
 /// its user's note, in the background.
-fn carry_over(app: &App, ended: &crate::memory::session::Ended) {
+fn carry_over(app: &App, ended: &crate::memory::session::Ended, began_ms: i64) {
     let Some(summarizer) = app
         .summarizer
         .as_ref()
@@ -114,7 +114,7 @@ fn carry_over(app: &App, ended: &crate::memory::session::Ended) {
     else {
         return;
     };
-    let Some(left) = carry::Leftover::of(ended) else {
+    let Some(left) = carry::Leftover::of(ended, began_ms) else {
         return;
     };
     let keep = carry::Keep {

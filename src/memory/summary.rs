@@ -40,6 +40,27 @@ pub struct Note {
     /// The model that wrote it, or `"manual"`.
     pub model: String,
     pub at_ms: i64,
+    /// The user's memory was deleted at `at_ms`: this holds nothing, and
+    /// keeps sessions that began before from writing it back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forgotten: bool,
+}
+
+impl Note {
+    /// What is left of a user's memory deleted at `at_ms`.
+    pub fn forgotten(at_ms: i64) -> Self {
+        Self {
+            text: String::new(),
+            model: String::new(),
+            at_ms,
+            forgotten: true,
+        }
+    }
+
+    /// The note's text, unless it was deleted.
+    pub fn text(&self) -> Option<&str> {
+        (!self.forgotten).then_some(self.text.as_str())
+    }
 }
 
 /// A summary as the session API and vendor "custom" show it.
@@ -119,6 +140,10 @@ pub struct Fold {
     /// The new summary covers the messages below this.
     pub until: u64,
     pub epoch: u64,
+    /// When the session it was taken from was created (`Session`'s
+    /// stored creation time; 0 until the session sets it): a session
+    /// started anew under the same id is another conversation.
+    pub born: i64,
     /// The summary it extends.
     pub previous: Option<Summary>,
     /// The messages numbered `from..until`, as stored.
@@ -195,6 +220,7 @@ fn fold_to(
         from,
         until: first_seq + end as u64,
         epoch: remembered.epoch,
+        born: 0,
         previous: remembered.summary.clone(),
         messages: range.to_vec(),
     })

@@ -1,6 +1,8 @@
 //! Users' carried notes (`summary::Note`), kept by user key (tenant-scoped):
 //! in the backend's own place with SQLite and Redis, in this process with
-//! memory storage.
+//! memory storage. A deleted note is replaced by an empty one that says
+//! when (`Note::forgotten`), never removed: sessions that began before
+//! must not write it back.
 
 use dashmap::DashMap;
 
@@ -41,16 +43,6 @@ impl Notes {
         storage.submit(vec![Op::SaveNote {
             user: user.to_owned(),
             body,
-        }])
-    }
-
-    pub fn forget(&self, storage: &Storage, user: &str) -> Ticket {
-        if !storage.persistent() {
-            self.local.remove(user);
-            return Ticket::ready();
-        }
-        storage.submit(vec![Op::ForgetNote {
-            user: user.to_owned(),
         }])
     }
 }

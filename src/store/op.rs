@@ -98,10 +98,9 @@ pub enum Op {
     KeepEvent { id: String, body: String },
     /// Forgets a kept event (delivered at last).
     ForgetEvent { id: String },
-    /// Stores a user's carried note (`Note` as JSON) under its key.
+    /// Stores a user's carried note (`Note` as JSON, a deleted one too)
+    /// under its key.
     SaveNote { user: String, body: String },
-    /// Forgets a user's note.
-    ForgetNote { user: String },
     /// The session's data must be at `version` (shared storage only): the
     /// version it was read at, plus one for each batch of this replica's
     /// since. Found otherwise, another replica changed the session (this
@@ -139,8 +138,7 @@ impl Op {
             Op::Release { .. }
             | Op::KeepEvent { .. }
             | Op::ForgetEvent { .. }
-            | Op::SaveNote { .. }
-            | Op::ForgetNote { .. } => None,
+            | Op::SaveNote { .. } => None,
         }
     }
 
@@ -163,7 +161,6 @@ impl Op {
             | Op::KeepEvent { .. }
             | Op::ForgetEvent { .. }
             | Op::SaveNote { .. }
-            | Op::ForgetNote { .. }
             | Op::Resume { .. } => false,
         }
     }

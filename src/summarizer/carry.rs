@@ -20,12 +20,14 @@ pub struct Leftover {
     pub fold: Option<Fold>,
     /// The summary, if the fold has nothing to add.
     pub summary: Option<String>,
+    /// When the session began: a note deleted since stays deleted.
+    pub began_ms: i64,
 }
 
 impl Leftover {
     /// `None` when the session has no user to carry into, or nothing a
     /// model would read.
-    pub fn of(ended: &Ended) -> Option<Self> {
+    pub fn of(ended: &Ended, began_ms: i64) -> Option<Self> {
         if ended.remembered.forgotten {
             return None;
         }
@@ -36,6 +38,7 @@ impl Leftover {
             user,
             fold,
             summary,
+            began_ms,
         })
     }
 }
@@ -64,25 +67,47 @@ enum CarryError {
     Storage(#[from] crate::store::StorageError),
 }
 
+/// Folds written against a note that changed meanwhile are done again,
+/// this many times at most.
+const ATTEMPTS: usize = 3;
+
 async fn carry(summarizer: &Summarizer, keep: &Keep, left: &Leftover) -> Result<(), CarryError> {
     let summary = match &left.fold {
         Some(fold) => summarizer.fold(fold).await?.text,
         // `Leftover::of` makes one of the two.
         None => left.summary.clone().unwrap_or_default(),
     };
-    let before = keep.notes.get(&keep.storage, &left.user).await?;
-    let text = summarizer
-        .note(before.as_ref().map(|n| n.text.as_str()), &summary)
-        .await?;
-    let note = Note {
-        text,
-        model: summarizer.model_name().to_owned(),
-        at_ms: keep.clock.now_ms(),
-    };
-    keep.notes
-        .put(&keep.storage, &left.user, &note)
-        .durable()
-        .await?;
-    summarizer.metrics.memory.job(Job::Note, JobOutcome::Stored);
+    for _ in 0..ATTEMPTS {
+        let before = keep.notes.get(&keep.storage, &left.user).await?;
+        if before
+            .as_ref()
+            .is_some_and(|n| n.forgotten && n.at_ms >= left.began_ms)
+        {
+            // Deleted while this session lived: what it holds is older.
+            summarizer.metrics.memory.job(Job::Note, JobOutcome::Stale);
+            return Ok(());
+        }
+        let text = summarizer
+            .note(before.as_ref().and_then(Note::text), &summary)
+            .await?;
+        // Read again just before the write: a delete, or another session's
+        // carry-over, during the model's call is not written over.
+        if keep.notes.get(&keep.storage, &left.user).await? != before {
+            continue;
+        }
+        let note = Note {
+            text,
+            model: summarizer.model_name().to_owned(),
+            at_ms: keep.clock.now_ms(),
+            forgotten: false,
+        };
+        keep.notes
+            .put(&keep.storage, &left.user, &note)
+            .durable()
+            .await?;
+        summarizer.metrics.memory.job(Job::Note, JobOutcome::Stored);
+        return Ok(());
+    }
+    summarizer.metrics.memory.job(Job::Note, JobOutcome::Stale);
     Ok(())
 }

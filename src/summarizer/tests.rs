@@ -64,6 +64,7 @@ fn fold() -> Fold {
         from: 0,
         until: 2,
         epoch: 0,
+        born: 0,
         previous: None,
         messages: vec![
             Arc::new(Message::new(Role::User, "My name is Ada.")),

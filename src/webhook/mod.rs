@@ -55,8 +55,12 @@ pub enum Event {
         ended_at: i64,
         system_messages: Vec<Message>,
         contents: Vec<Arc<Message>>,
-        /// The running summary when the session ended.
-        #[serde(skip_serializing_if = "Option::is_none")]
+        /// The running summary when the session ended, as the session API
+        /// shows it.
+        #[serde(
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "summary_view"
+        )]
         summary: Option<Summary>,
     },
     HistoryTrimmed {
@@ -91,6 +95,10 @@ impl Event {
             | Event::HistoryRewritten { session_id, .. } => session_id,
         }
     }
+}
+
+fn summary_view<S: serde::Serializer>(s: &Option<Summary>, out: S) -> Result<S::Ok, S::Error> {
+    s.as_ref().map(Summary::view).serialize(out)
 }
 
 /// Where events go. Implementations must not block.

@@ -220,7 +220,7 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
             };
             let (mut prepared, flight, ran_in) = open_turn(app, target, turn).await?;
             if let Some(fold) = prepared.fold.take() {
-                crate::api::memory::fold_in_background(app, &ran_in, fold);
+                crate::api::memory::start_fold(app, &ran_in, fold);
             }
             // The upstream call does not wait for the user's message to be
             // stored: the two overlap, and the reply's end (what tells the

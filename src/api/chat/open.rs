@@ -144,8 +144,8 @@ async fn open_in(
         };
         if created {
             app.session_created();
-            if let Some(user) = turn.note_user {
-                crate::api::memory::carry_in(app, &session, user).await;
+            if let (Some(key), Some(user)) = (turn.note_user, turn.user) {
+                crate::api::memory::carry_in(app, &session, key, user).await;
             }
         }
         match session.begin(&app.policy, turn) {

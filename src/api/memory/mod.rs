@@ -51,15 +51,15 @@ pub(crate) fn injected(config: &MemoryConfig, r: &Remembered) -> impl Iterator<I
 /// Gives a session its user's note, if the user has one: called when the
 /// session is made, before its first turn. A note that cannot be read is
 /// logged and the session starts without it.
-pub(crate) async fn carry_in(app: &App, session: &Session, user: &str) {
-    session.carry(user, note_of(app, user).await);
+pub(crate) async fn carry_in(app: &App, session: &Session, key: &str, user: &str) {
+    session.carry(key, user, note_of(app, key).await);
 }
 
 /// The text of user `key`'s note, if any; one that cannot be read is
 /// logged and taken as none.
 pub(crate) async fn note_of(app: &App, key: &str) -> Option<String> {
     match app.notes.get(&app.policy.storage, key).await {
-        Ok(note) => note.map(|n| n.text),
+        Ok(note) => note.and_then(|n| n.text().map(str::to_owned)),
         Err(e) => {
             tracing::warn!(error = %e, "a user's note could not be read");
             None
@@ -67,21 +67,21 @@ pub(crate) async fn note_of(app: &App, key: &str) -> Option<String> {
     }
 }
 
-/// With `[memory] carry_over`, the note key of the user a conversation's
-/// `metadata.user` names.
+/// With `[memory] carry_over`, the user a conversation's `metadata.user`
+/// names: their note's key, and the name as given.
 pub(crate) fn metadata_user(
     app: &App,
     access: &Access,
     metadata: &serde_json::Map<String, Value>,
-) -> Option<String> {
+) -> Option<(String, String)> {
     let user = metadata.get("user")?.as_str()?;
     (app.config.memory.carry_over && !user.trim().is_empty())
-        .then(|| access.internal(user).into_owned())
+        .then(|| (access.internal(user).into_owned(), user.to_owned()))
 }
 
 /// Runs `fold` of session `id` in a task of its own; the turn that asked
 /// for it goes on with the summary it has.
-pub(crate) fn fold_in_background(app: &Arc<App>, id: &str, fold: Fold) {
+pub(crate) fn start_fold(app: &Arc<App>, id: &str, fold: Fold) {
     let Some(session) = app.sessions.get(id) else {
         return;
     };
@@ -149,6 +149,7 @@ async fn store(app: &App, id: &str, folded: Folded, wait: bool) -> Result<Applie
     let storage = &app.policy.storage;
     let gone = || ApiError::from(RequestError::SessionNotFound { id: id.to_owned() });
     let shared = storage.shared();
+    let (until, at_ms) = (folded.fold.until, folded.at_ms);
     let session = app.sessions.find(id, storage).await?.ok_or_else(gone)?;
     let (applied, ticket) = session
         .offer_fold(&app.policy, folded, shared)
@@ -160,11 +161,12 @@ async fn store(app: &App, id: &str, folded: Folded, wait: bool) -> Result<Applie
     let deadline = Instant::now() + STORE_WITHIN;
     loop {
         if !session.has_pending() {
-            // A turn stored it (or found it stale).
-            return Ok(session
-                .remembered()
-                .summary
-                .map_or(Applied::Stale, Applied::Stored));
+            // A turn stored it, or found it stale.
+            let now = session.remembered().summary;
+            return Ok(match now {
+                Some(s) if s.until == until && s.at_ms == at_ms => Applied::Stored(s),
+                _ => Applied::Stale,
+            });
         }
         if let Some(claim) = storage.claim(id, Wait::No).await? {
             let found = app.sessions.find(id, storage).await;
@@ -222,7 +224,8 @@ pub async fn put_summary(
     target: Target,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let text = text_field(json_body(&app, body).await?, "summary")?;
+    let max = app.config.memory.summary_max_chars;
+    let text = text_field(json_body(&app, body).await?, "summary", max)?;
     let (rules, limits) = window_of(&app)?;
     let now = app.policy.clock.now_ms();
     let (_, stored) = sessions::write(&app, &target, false, Turns::Wait, |s| {
@@ -234,19 +237,26 @@ pub async fn put_summary(
     ))
 }
 
-/// The non-empty string under `key` of an object body.
-pub(crate) fn text_field(body: Value, key: &str) -> Result<String, ApiError> {
+/// The non-empty string of at most `max` characters under `key` of an
+/// object body: what the model's own answer would have to be.
+pub(crate) fn text_field(body: Value, key: &str, max: usize) -> Result<String, ApiError> {
     let Value::Object(mut o) = body else {
         let message = format!("the body must be an object with `{key}`");
         return Err(RequestError::invalid(message, None).into());
     };
-    match o.remove(key) {
-        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s),
+    let text = match o.remove(key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => s,
         _ => {
             let message = format!("`{key}` must be a non-empty string");
-            Err(RequestError::invalid(message, Some(key)).into())
+            return Err(RequestError::invalid(message, Some(key)).into());
         }
+    };
+    let n = text.chars().count();
+    if n > max {
+        let message = format!("`{key}` is {n} characters long, more than the {max} allowed");
+        return Err(RequestError::invalid(message, Some(key)).into());
     }
+    Ok(text)
 }
 
 /// `POST /v1/sessions/{id}/summarize`: folds every message outside the
@@ -274,7 +284,11 @@ pub async fn summarize(
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
-            Err(_) => continue,
+            // Ended meanwhile: looked up again (a new one, or a 404).
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
         };
         let running = Running {
             session,

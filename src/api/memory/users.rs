@@ -69,8 +69,8 @@ pub async fn get_user_memory(
     user: UserTarget,
 ) -> Result<Json<Value>, ApiError> {
     match app.notes.get(&app.policy.storage, &user.key).await? {
-        Some(note) => Ok(Json(note_json(&user.name, &note))),
-        None => Err(no_note(&user)),
+        Some(note) if !note.forgotten => Ok(Json(note_json(&user.name, &note))),
+        _ => Err(no_note(&user)),
     }
 }
 
@@ -80,11 +80,14 @@ pub async fn put_user_memory(
     user: UserTarget,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let text = super::text_field(json_body(&app, body).await?, "note")?;
+    // The bound a model's note is held to.
+    let max = app.config.memory.carry_over_max_chars.saturating_mul(2);
+    let text = super::text_field(json_body(&app, body).await?, "note", max)?;
     let note = Note {
         text,
         model: summary::MANUAL.into(),
         at_ms: app.policy.clock.now_ms(),
+        forgotten: false,
     };
     app.notes
         .put(&app.policy.storage, &user.key, &note)
@@ -95,14 +98,21 @@ pub async fn put_user_memory(
 
 /// `DELETE /v1/users/{user}/memory`: forgets the note, and with it every
 /// copy sessions hold (the note they started with) and their carrying
-/// into it when they end.
+/// into it when they end. What is left says when: a carry-over of a
+/// session that began before (still running, or on another replica)
+/// then writes nothing (`summarizer::carry`).
 pub async fn delete_user_memory(
     State(app): State<Arc<App>>,
     user: UserTarget,
 ) -> Result<Json<Value>, ApiError> {
     let storage = &app.policy.storage;
-    let had = app.notes.get(storage, &user.key).await?.is_some();
-    app.notes.forget(storage, &user.key).durable().await?;
+    let had = app
+        .notes
+        .get(storage, &user.key)
+        .await?
+        .is_some_and(|n| !n.forgotten);
+    let gone = Note::forgotten(app.policy.clock.now_ms());
+    app.notes.put(storage, &user.key, &gone).durable().await?;
     let mut ids: Vec<String> = app
         .sessions
         .all()

@@ -155,12 +155,12 @@ pub async fn create(
     // A user named in the metadata gets their note carried in.
     let user = memory::metadata_user(&app, &access, &metadata);
     let note = match &user {
-        Some(key) => memory::note_of(&app, key).await,
+        Some((key, _)) => memory::note_of(&app, key).await,
         None => None,
     };
     let (session, ()) = sessions::write(&app, &target, true, Turns::Wait, |s| {
-        if let Some(key) = &user {
-            s.carry(key, note.clone());
+        if let Some((key, name)) = &user {
+            s.carry(key, name, note.clone());
         }
         let mut ticket = s.set_metadata(&app.policy, metadata.clone(), now)?;
         if !messages.is_empty() {
@@ -195,8 +195,8 @@ pub async fn update(
     let access = access.map_or(Access::All, |Extension(a)| a);
     let user = memory::metadata_user(&app, &access, &metadata);
     let (session, ()) = sessions::write(&app, &target, false, Turns::Wait, |s| {
-        if let Some(key) = &user {
-            s.carry(key, None);
+        if let Some((key, name)) = &user {
+            s.carry(key, name, None);
         }
         Ok(((), s.set_metadata(&app.policy, metadata.clone(), now)?))
     })

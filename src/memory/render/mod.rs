@@ -87,19 +87,6 @@ impl Stored for Message {
 
 /// The messages to send upstream for `history` (see the module's docs).
 pub fn outbound<H: Stored>(history: &[H], rules: &VendorRules, limits: Limits) -> Sent {
-    outbound_reaching(history, rules, limits, None)
-}
-
-/// `outbound`, with the window reaching back to `reach.from` past its
-/// limits (whole units, so a tool group stays whole), unless that would
-/// add more than `reach.max` messages: then the plain window is sent and
-/// `gap` says so.
-pub fn outbound_reaching<H: Stored>(
-    history: &[H],
-    rules: &VendorRules,
-    limits: Limits,
-    reach: Option<Reach>,
-) -> Sent {
     let units = Units {
         history,
         rules,
@@ -124,14 +111,8 @@ pub fn outbound_reaching<H: Stored>(
     let mut totals = Cost::default();
     let mut holds_user = false;
     let mut reason = None;
-    // Once the limits stop the plain window inside the reach: how many
-    // units it kept, and the messages added past it since.
-    let mut plain: Option<(usize, Option<TrimReason>)> = None;
-    let mut reached = 0;
-    let mut gap = false;
     for unit in units {
         let protected = unit.from >= floor || window.is_empty();
-        let in_reach = reach.filter(|r| unit.from >= r.from);
         let cost = unit.cost(limits, rules.custom);
         // Merging with the oldest unit so far, if the upstream needs roles
         // to alternate.
@@ -145,24 +126,11 @@ pub fn outbound_reaching<H: Stored>(
             tokens: cost.tokens + if merge { 1 } else { 0 },
         };
         let total = totals.plus(added);
-        if !protected && plain.is_none() {
+        if !protected {
             reason = limits.exceeded_by(total);
             if reason.is_some() {
-                if in_reach.is_none() {
-                    break;
-                }
-                plain = Some((kept, reason));
-            }
-        }
-        if let (Some(r), Some(_)) = (in_reach, plain) {
-            reached += added.messages;
-            if reached > r.max {
-                gap = true;
                 break;
             }
-        } else if plain.is_some() {
-            // Past the reach: the window ends where the reach did.
-            break;
         }
         totals = total;
         let is_user = unit.role() == "user";
@@ -185,24 +153,6 @@ pub fn outbound_reaching<H: Stored>(
     if reason.is_none() && !alternate {
         kept = window.len();
     }
-    let mut plain_kept = kept;
-    match (plain, reach) {
-        (Some((k, _)), _) if gap => {
-            kept = k;
-            plain_kept = k;
-        }
-        (Some((k, _)), Some(r)) => {
-            // Everything reached is sent, whatever role it begins with:
-            // the summary before it says what came first.
-            kept = kept.max(window.iter().take_while(|u| u.from >= r.from).count());
-            plain_kept = k;
-        }
-        _ => {}
-    }
-    let plain_start = match plain_kept {
-        0 => history.len(),
-        k => window[k - 1].from,
-    };
     window.truncate(kept);
     let start = window.last().map_or(history.len(), |u| u.from);
     let mut messages = Vec::with_capacity(window.iter().map(Unit::len).sum());
@@ -214,8 +164,52 @@ pub fn outbound_reaching<H: Stored>(
         messages,
         start,
         reason,
-        plain_start: if plain.is_some() { plain_start } else { start },
-        gap,
+        plain_start: start,
+        gap: false,
+    }
+}
+
+/// `outbound`, with the window reaching back past its limits to
+/// `reach.from` (where the running summary ends), whole units, and on to
+/// the user message before it if that is not one (already summarized: sent
+/// twice rather than start with a reply). If that adds more than
+/// `reach.max` messages, the plain window is sent and `gap` says so.
+pub fn outbound_reaching<H: Stored>(
+    history: &[H],
+    rules: &VendorRules,
+    limits: Limits,
+    reach: Option<Reach>,
+) -> Sent {
+    let plain = outbound(history, rules, limits);
+    let Some(reach) = reach.filter(|r| r.from < plain.start) else {
+        return plain;
+    };
+    let units = Units {
+        history,
+        rules,
+        next: plain.start,
+    };
+    let mut added = 0;
+    let mut start = plain.start;
+    for unit in units {
+        added += unit.len();
+        if added > reach.max {
+            return Sent { gap: true, ..plain };
+        }
+        start = unit.from;
+        if unit.from <= reach.from && unit.role() == "user" {
+            break;
+        }
+    }
+    // Units never straddle `start`, so the suffix renders as it does in
+    // the whole history; sent whole, it keeps every unit from `start` on.
+    let whole = outbound(&history[start..], rules, Limits::default());
+    Sent {
+        messages: whole.messages,
+        start: start + whole.start,
+        reason: plain.reason,
+        plain_start: plain.start,
+        gap: false,
     }
 }
 

@@ -357,9 +357,55 @@ fn a_reach_takes_a_tool_group_whole() {
         u("last"),
     ];
     // A window of 3 begins at "next" (index 5); the summary ends at the
-    // call (index 1): the group goes whole.
+    // call (index 1): the group goes whole, and the question before it
+    // too (summarized already), so that the window starts with a user.
     let sent = reaching(&h, 3, 1, 10);
-    assert_eq!((sent.start, sent.plain_start), (1, 5));
-    assert_eq!(sent.messages.len(), 7);
-    check(&sent.messages, Roles::Any, true).unwrap();
+    assert_eq!((sent.start, sent.plain_start), (0, 5));
+    assert_eq!(sent.messages.len(), 8);
+    check(&sent.messages, Roles::Any, false).unwrap();
+}
+
+#[test]
+fn a_reach_starts_with_a_user_message_where_roles_alternate() {
+    let alternate = VendorRules {
+        roles: Roles::Alternate,
+        ..rules()
+    };
+    // A greeting opened the conversation; nothing is summarized yet.
+    let h = [
+        a("Hello!"),
+        u("1"),
+        a("2"),
+        u("3"),
+        a("4"),
+        u("5"),
+        a("6"),
+        u("7"),
+    ];
+    let sent = outbound_reaching(&h, &alternate, count(3), Some(Reach { from: 0, max: 10 }));
+    assert!(!sent.gap);
+    assert_eq!(sent.start, 1);
+    check(&sent.messages, Roles::Alternate, false).unwrap();
+    // Two user messages in a row where the reach meets the window: merged.
+    let h = [u("1"), a("2"), u("3"), u("4"), a("5"), u("6")];
+    let sent = outbound_reaching(&h, &alternate, chars(2), Some(Reach { from: 0, max: 10 }));
+    check(&sent.messages, Roles::Alternate, false).unwrap();
+    assert_eq!(sent.start, 0);
+    assert_eq!(sent.messages.len(), 5);
+}
+
+#[test]
+fn a_gap_sends_exactly_the_plain_window() {
+    let alternate = VendorRules {
+        roles: Roles::Alternate,
+        ..rules()
+    };
+    let h = [u("aaaa"), a("bbbb"), u("cc"), u("dd"), a("ee"), u("ff")];
+    for r in [rules(), alternate] {
+        let plain = outbound(&h, &r, chars(12));
+        let sent = outbound_reaching(&h, &r, chars(12), Some(Reach { from: 0, max: 1 }));
+        assert!(sent.gap);
+        assert_eq!(sent.messages, plain.messages);
+        assert_eq!((sent.start, sent.plain_start), (plain.start, plain.start));
+    }
 }

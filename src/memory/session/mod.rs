@@ -210,12 +210,12 @@ impl Session {
         }
         self.last_active_ms
             .fetch_max(loaded.meta.last_active_ms, Ordering::Relaxed);
-        let pending = st.pending.take();
+        let folds = st.folds();
         *st = State::loaded(loaded);
         st.saved.batches = batches;
-        // A fold's answer survives: whether it still holds is checked
-        // against what was loaded when it is stored.
-        st.pending = pending;
+        // A fold under way, or its answer, survives: whether it still
+        // holds is checked against what was loaded when it is stored.
+        st.resume_folds(folds);
         true
     }
 }

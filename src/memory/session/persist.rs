@@ -12,7 +12,7 @@ impl Session {
     /// When the stored session was created: the one read, if this state
     /// was read (a reload may bring in a session another replica started
     /// under this id), else this one's.
-    fn born(&self, st: &State) -> i64 {
+    pub(super) fn born(&self, st: &State) -> i64 {
         st.saved.created_ms.unwrap_or(self.created_ms)
     }
 
@@ -137,8 +137,10 @@ impl Session {
         };
         self.last_active_ms
             .fetch_max(loaded.meta.last_active_ms, Ordering::Relaxed);
+        let folds = st.folds();
         *st = State::loaded(loaded);
         st.saved.batches = batches;
+        st.resume_folds(folds);
         tracing::info!(session = %self.id, "session reloaded from storage after a failed write");
         // Lifts the fence now, not at the next turn's write.
         drop(self.write(&mut st, storage, Vec::new()));

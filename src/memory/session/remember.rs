@@ -77,9 +77,10 @@ impl Session {
         }
         let uncovered = st.remembered.uncovered_from(st.first_seq) - st.first_seq;
         let lag = (sent.plain_start as u64).saturating_sub(uncovered);
+        // Estimated (bytes / 4) rather than counted: this is for a metric,
+        // under the session's lock, on every turn.
         let saved = st.remembered.summary.as_ref().map_or(0, |s| {
-            s.covered_tokens
-                .saturating_sub(encoding.count(&s.text) as u64)
+            s.covered_tokens.saturating_sub(s.text.len() as u64 / 4)
         });
         policy.metrics.memory.turn(lag, saved, sent.gap);
         if sent.gap {
@@ -95,13 +96,14 @@ impl Session {
             tokens: memory.summary_every_tokens,
             encoding,
         };
-        let fold = summary::fold(
+        let mut fold = summary::fold(
             &st.messages,
             st.first_seq,
             &st.remembered,
             sent.plain_start,
             Some(due),
         )?;
+        fold.born = self.born(st);
         st.folding = true;
         Some(fold)
     }
@@ -120,7 +122,8 @@ impl Session {
         let plain = render::outbound(&st.messages, rules, limits).start;
         match summary::fold(&st.messages, st.first_seq, &st.remembered, plain, None) {
             None => Ok(FoldNow::Covered),
-            Some(fold) => {
+            Some(mut fold) => {
+                fold.born = self.born(&st);
                 st.folding = true;
                 Ok(FoldNow::Start(fold))
             }
@@ -157,7 +160,7 @@ impl Session {
             st.pending = Some(folded);
             return Ok((Applied::Pending, Ticket::ready()));
         }
-        let applied = self.fold_in(&mut st, policy, folded);
+        let applied = self.apply_fold(&mut st, policy, folded);
         let ticket = self.persist(&mut st, policy, Vec::new());
         Ok((applied, ticket))
     }
@@ -172,7 +175,7 @@ impl Session {
         let Some(folded) = st.pending.take() else {
             return Ok(None);
         };
-        let applied = self.fold_in(&mut st, policy, folded);
+        let applied = self.apply_fold(&mut st, policy, folded);
         Ok(Some((applied, self.persist(&mut st, policy, Vec::new()))))
     }
 
@@ -183,9 +186,15 @@ impl Session {
 
     /// Puts a fold's answer in the session's memory, if the summary it
     /// extends still holds; the caller writes it.
-    pub(super) fn fold_in(&self, st: &mut State, policy: &Policy, folded: Folded) -> Applied {
+    pub(super) fn apply_fold(&self, st: &mut State, policy: &Policy, folded: Folded) -> Applied {
         let r = &st.remembered;
-        let applied = if r.epoch != folded.fold.epoch || r.summary != folded.fold.previous {
+        let f = &folded.fold;
+        let held_until = st.first_seq + st.messages.len() as u64;
+        let holds = r.epoch == f.epoch
+            && r.summary == f.previous
+            && self.born(st) == f.born
+            && f.until <= held_until;
+        let applied = if !holds {
             Applied::Stale
         } else {
             let before = r.summary.as_ref().map_or(0, |s| s.covered_tokens);
@@ -238,13 +247,19 @@ impl Session {
         Ok((summary, self.persist(&mut st, policy, Vec::new())))
     }
 
-    /// Makes user `key` the one this session is carried into when it
-    /// ends (unless it has one), and gives it the user's `note`, if it has
-    /// not begun yet (else the note is too late, and ignored). Written with
-    /// the session's next change.
-    pub fn carry(&self, key: &str, note: Option<String>) {
+    /// Makes user `key` (`user` as the client names them) the one this
+    /// session is carried into when it ends (unless it has one), and gives
+    /// it the user's `note`, if it has not begun yet (else the note is too
+    /// late, and ignored). Written with the session's next change.
+    pub fn carry(&self, key: &str, user: &str, note: Option<String>) {
         let mut st = self.state();
         st.carried_into(key);
+        // In the users index, where a deletion of the user's memory finds
+        // the copies sessions hold.
+        if !st.users.iter().any(|u| u == user) {
+            st.users.push(user.to_owned());
+            st.meta_changed();
+        }
         let fresh = st.messages.is_empty() && st.turn_id == 0;
         if let (Some(note), true, None) = (note, fresh, &st.remembered.carried) {
             st.remembered.carried = Some(note);

@@ -156,6 +156,21 @@ impl State {
         st
     }
 
+    /// What this process is doing about the running summary: kept across
+    /// a reload from storage (`resume_folds`).
+    pub(super) fn folds(&mut self) -> (bool, i64, Option<Folded>) {
+        (self.folding, self.fold_after_ms, self.pending.take())
+    }
+
+    pub(super) fn resume_folds(
+        &mut self,
+        (folding, after_ms, pending): (bool, i64, Option<Folded>),
+    ) {
+        self.folding = folding;
+        self.fold_after_ms = after_ms;
+        self.pending = pending;
+    }
+
     /// Makes user `key` the one the session is carried into when it ends,
     /// unless it has one, or its user's memory was deleted meanwhile.
     pub(super) fn carried_into(&mut self, key: &str) {

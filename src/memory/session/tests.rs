@@ -129,3 +129,83 @@ async fn a_reload_takes_the_stored_sessions_creation_time() {
     }
     assert_eq!(s.meta(&st).created_ms, 5, "a Save would rewrite its birth");
 }
+
+/// A fold's answer is stored only in the conversation it was taken from,
+/// as long as the summary it extends holds; a reload keeps the fold under
+/// way and an answer waiting for a turn.
+#[tokio::test]
+async fn a_folds_answer_lands_only_where_it_still_holds() {
+    use super::remember::{Applied, FoldNow, Folded};
+    let policy = policy("folds").await;
+    let config = crate::Config::parse(
+        "[[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:1/v1\"\n",
+        std::path::Path::new("t.toml"),
+    )
+    .unwrap();
+    let rules = crate::proxy::vendor::VendorRules::from_config(&config.upstreams[0]);
+    let limits = crate::memory::window::Limits {
+        messages: 2,
+        ..Default::default()
+    };
+    let turns: Vec<Message> = (0..4)
+        .flat_map(|i| {
+            [
+                Message::new(Role::User, format!("q{i}")),
+                Message::new(Role::Assistant, format!("r{i}")),
+            ]
+        })
+        .collect();
+    let start = |s: &super::Session| match s.fold_now(&rules, limits).unwrap() {
+        FoldNow::Start(fold) => fold,
+        other => panic!("{other:?}"),
+    };
+    let answer = |fold: &crate::memory::summary::Fold| Folded {
+        fold: fold.clone(),
+        text: "summary".into(),
+        model: "m".into(),
+        covered_tokens: 4,
+        at_ms: 3,
+    };
+
+    // An answer for an earlier session of the same id does not land.
+    let (old, _) = Store::default().get_or_create("f", 10);
+    old.append_messages(&policy, turns.clone(), 11).unwrap();
+    let fold = start(&old);
+    assert_eq!((fold.from, fold.until), (0, 6));
+    assert!(matches!(old.fold_now(&rules, limits), Ok(FoldNow::Running)));
+    // (Its own database: the two would write over each other's here.)
+    let elsewhere = self::policy("folds-new").await;
+    let (new, _) = Store::default().get_or_create("f", 20);
+    new.append_messages(&elsewhere, turns[..2].to_vec(), 21)
+        .unwrap();
+    let (applied, _) = new.offer_fold(&elsewhere, answer(&fold), false).unwrap();
+    assert_eq!(applied, Applied::Stale);
+
+    // In its own session it lands, once.
+    let (applied, ticket) = old.offer_fold(&policy, answer(&fold), false).unwrap();
+    ticket.durable().await.unwrap();
+    assert!(
+        matches!(applied, Applied::Stored(ref s) if s.until == 6),
+        "{applied:?}"
+    );
+    let (again, _) = old.offer_fold(&policy, answer(&fold), false).unwrap();
+    assert_eq!(again, Applied::Stale, "the summary it extended is gone");
+
+    // Needing a turn's lease and finding none, it waits for the next turn;
+    // a reload keeps it, and the fold under way.
+    old.fold_ended(None);
+    old.append_messages(&policy, turns.clone(), 12).unwrap();
+    let fold = start(&old);
+    let (applied, _) = old.offer_fold(&policy, answer(&fold), true).unwrap();
+    assert_eq!(applied, Applied::Pending);
+    let read = policy.storage.load("f").await.unwrap().unwrap();
+    assert!(old.reload(read, old.batches()));
+    assert!(old.has_pending());
+    assert!(matches!(old.fold_now(&rules, limits), Ok(FoldNow::Running)));
+    let (stored, _) = old.store_pending(&policy).unwrap().unwrap();
+    assert!(
+        matches!(stored, Applied::Stored(ref s) if s.until == 14),
+        "{stored:?}"
+    );
+    assert!(!old.has_pending());
+}

@@ -234,7 +234,7 @@ impl Session {
         };
         if let Some(folded) = st.pending.take() {
             // Under this turn's lease: written with its batch.
-            self.fold_in(st, policy, folded);
+            self.apply_fold(st, policy, folded);
         }
         if let Joins::Fork(history) = req.joins {
             // Pointers to the branch's messages: they are stored again
@@ -396,6 +396,17 @@ impl Session {
         }
         if gone.is_empty() {
             return None;
+        }
+        // The summary told of what was replaced: it no longer holds.
+        let seq = st.first_seq + from as u64;
+        if st
+            .remembered
+            .summary
+            .as_ref()
+            .is_some_and(|s| seq < s.until)
+        {
+            st.remembered.reset();
+            st.meta_changed();
         }
         policy.metrics.superseded(reason.label(), gone.len());
         tracing::debug!(session = %self.id, reason = reason.label(), superseded = gone.len(),

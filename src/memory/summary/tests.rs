@@ -95,6 +95,7 @@ fn the_prompt_shows_what_was_heard_and_what_was_called() {
         from: 0,
         until: 5,
         epoch: 0,
+        born: 0,
         previous: None,
         messages: vec![
             u("Hi"),

@@ -216,6 +216,7 @@ mod tests {
             from: 0,
             until: 4,
             epoch: 0,
+            born: 0,
             previous: None,
             messages: vec![
                 std::sync::Arc::new(crate::memory::message::Message::new(

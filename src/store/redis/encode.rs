@@ -237,9 +237,6 @@ fn queue(
         Op::SaveNote { user, body } => {
             pre.push(redis::cmd("SET").arg(keys.note(user)).arg(body).clone());
         }
-        Op::ForgetNote { user } => {
-            pre.push(redis::cmd("DEL").arg(keys.note(user)).clone());
-        }
     }
     Ok(())
 }

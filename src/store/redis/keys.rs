@@ -49,7 +49,8 @@ impl Keys {
         format!("{}:{{u:{user}}}", self.prefix)
     }
 
-    /// String: a user's carried note, in the slot of the user's sessions.
+    /// String: a user's carried note, by its key (tenant-scoped), one slot
+    /// of its own.
     pub fn note(&self, user: &str) -> String {
         format!("{}:{{u:{user}}}:note", self.prefix)
     }

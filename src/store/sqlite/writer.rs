@@ -320,10 +320,6 @@ pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
                 )?
                 .execute([user, body])?;
             }
-            Op::ForgetNote { user } => {
-                tx.prepare_cached("DELETE FROM user_notes WHERE user = ?1")?
-                    .execute([user])?;
-            }
         }
     }
     Ok(())
