@@ -130,9 +130,10 @@ pub enum ApiError {
     Storage(#[from] crate::store::StorageError),
     #[error("recall is at its limit of {limit} upstream calls at once (server.max_concurrent_upstream); retry shortly")]
     Overloaded { limit: usize },
-    /// The summary model wrote nothing that could be kept.
+    /// The summary model wrote nothing that could be kept (why, from
+    /// `summarizer::ModelError`).
     #[error("{0}; the summary is unchanged")]
-    SummaryModel(#[from] crate::summarizer::ModelError),
+    SummaryModel(String),
 }
 
 impl UpstreamError {

@@ -73,7 +73,11 @@ async fn end_when(
         ended_at,
         system_messages: ended.system_messages.clone(),
         contents: ended.contents.clone(),
-        summary: ended.remembered.summary.clone(),
+        summary: ended
+            .remembered
+            .summary
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s.view()).ok()),
     };
     // With a webhook and durable storage, the event is kept in the same
     // write as the deletion: the memory leaves storage only as an event.

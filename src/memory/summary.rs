@@ -150,6 +150,16 @@ pub struct Fold {
     pub messages: Vec<Arc<Message>>,
 }
 
+/// A fold's answer, ready to store.
+#[derive(Debug, Clone)]
+pub struct Folded {
+    pub fold: Fold,
+    pub text: String,
+    pub model: String,
+    pub covered_tokens: u64,
+    pub at_ms: i64,
+}
+
 /// When a fold is due: every how many uncovered messages outside the
 /// window, or tokens in them (0 = not counted).
 #[derive(Debug, Clone, Copy)]
@@ -232,11 +242,7 @@ fn read(m: &Message) -> bool {
     !is_superseded(m) && !is_failure(m)
 }
 
-/// Heads the fold's user message; the built-in mock knows a summary
-/// request by it.
-pub const FOLD_HEADING: &str = "Messages to fold in:";
-/// Heads a carry-over request's summary.
-pub const CARRY_HEADING: &str = "Summary of the conversation that ended:";
+pub use headings::{CARRY_HEADING, FOLD_HEADING};
 
 /// The summary model's messages for a fold.
 pub fn prompt(instructions: &str, fold: &Fold) -> Vec<Value> {
@@ -355,5 +361,6 @@ pub fn message(template: &str, slot: &str, text: &str) -> Message {
     Message::new(Role::System, template.replace(slot, text))
 }
 
+pub mod headings;
 #[cfg(test)]
 mod tests;

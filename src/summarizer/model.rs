@@ -30,6 +30,12 @@ pub enum ModelError {
     Rejected(#[from] Rejected),
 }
 
+impl From<ModelError> for crate::error::ApiError {
+    fn from(e: ModelError) -> Self {
+        crate::error::ApiError::SummaryModel(e.to_string())
+    }
+}
+
 /// A chat model that answers a list of messages with text.
 pub trait SummaryModel: Send + Sync {
     fn name(&self) -> &str;

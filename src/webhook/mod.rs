@@ -21,7 +21,6 @@ use serde::Serialize;
 
 use crate::memory::message::Message;
 use crate::memory::reconcile::Rewrite;
-use crate::memory::summary::Summary;
 use crate::memory::window::{TrimReason, TrimScope};
 
 mod http;
@@ -56,12 +55,9 @@ pub enum Event {
         system_messages: Vec<Message>,
         contents: Vec<Arc<Message>>,
         /// The running summary when the session ended, as the session API
-        /// shows it.
-        #[serde(
-            skip_serializing_if = "Option::is_none",
-            serialize_with = "summary_view"
-        )]
-        summary: Option<Summary>,
+        /// shows it (`summary::View`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        summary: Option<serde_json::Value>,
     },
     HistoryTrimmed {
         session_id: String,
@@ -95,10 +91,6 @@ impl Event {
             | Event::HistoryRewritten { session_id, .. } => session_id,
         }
     }
-}
-
-fn summary_view<S: serde::Serializer>(s: &Option<Summary>, out: S) -> Result<S::Ok, S::Error> {
-    s.as_ref().map(Summary::view).serialize(out)
 }
 
 /// Where events go. Implementations must not block.

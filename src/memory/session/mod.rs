@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use admin::{Appended, EndWhen, Ended, Overview};
 pub use record::Interrupted;
-pub use remember::{Applied, FoldNow, Folded};
+pub use remember::{Applied, FoldNow};
 pub use reply::Reply;
 pub use store::Store;
 pub use turn::{Joins, Prepared, Refused, TurnRequest};

@@ -7,7 +7,7 @@
 use super::state::State;
 use super::{Policy, Refused, Session};
 use crate::memory::render::{self, Reach, Sent};
-use crate::memory::summary::{self, Due, Fold, Remembered, Summary};
+use crate::memory::summary::{self, Due, Fold, Folded, Remembered, Summary};
 use crate::memory::tokens::Encoding;
 use crate::memory::window::Limits;
 use crate::metrics::{Job, JobOutcome};
@@ -24,16 +24,6 @@ pub enum FoldNow {
     /// This fold is now the session's running one: `Session::fold_ended`
     /// must follow it.
     Start(Fold),
-}
-
-/// A fold's answer, ready to store.
-#[derive(Debug, Clone)]
-pub struct Folded {
-    pub fold: Fold,
-    pub text: String,
-    pub model: String,
-    pub covered_tokens: u64,
-    pub at_ms: i64,
 }
 
 /// What became of a fold's answer.

@@ -3,12 +3,11 @@
 
 use std::sync::Arc;
 
-use super::remember::Folded;
 use super::{next_incarnation, shared};
 use crate::memory::inflight::InFlight;
 use crate::memory::interruption;
 use crate::memory::message::Message;
-use crate::memory::summary::Remembered;
+use crate::memory::summary::{Folded, Remembered};
 use crate::store::{Claim, Loaded, Meta};
 
 pub(super) struct State {

@@ -135,7 +135,8 @@ async fn a_reload_takes_the_stored_sessions_creation_time() {
 /// way and an answer waiting for a turn.
 #[tokio::test]
 async fn a_folds_answer_lands_only_where_it_still_holds() {
-    use super::remember::{Applied, FoldNow, Folded};
+    use super::remember::{Applied, FoldNow};
+    use crate::memory::summary::Folded;
     let policy = policy("folds").await;
     let config = crate::Config::parse(
         "[[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:1/v1\"\n",

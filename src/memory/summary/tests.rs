@@ -159,3 +159,45 @@ fn templates_carry_the_text() {
     assert_eq!(summary(8, "x").view().last_seq, Some(7));
     assert_eq!(summary(0, "x").view().last_seq, None);
 }
+
+/// The built-in mock (`mock://echo`) answers recall's own prompts.
+#[test]
+fn the_mock_summarizes_what_the_user_stated_when_asked_by_recall() {
+    let fold = Fold {
+        from: 0,
+        until: 4,
+        epoch: 0,
+        born: 0,
+        previous: None,
+        messages: vec![
+            Arc::new(Message::new(Role::User, "My name is Ada.")),
+            Arc::new(Message::new(Role::User, "What is my name?")),
+        ],
+    };
+    let first = crate::proxy::mock::echo::reply(&prompt("Summarize.", &fold));
+    assert_eq!(first, "The user said: My name is Ada.");
+    let next = Fold {
+        previous: Some(Summary {
+            text: first.clone(),
+            until: 4,
+            model: "m".into(),
+            at_ms: 0,
+            covered_tokens: 0,
+        }),
+        messages: vec![Arc::new(Message::new(Role::User, "I live in Lisbon"))],
+        ..fold
+    };
+    let second = crate::proxy::mock::echo::reply(&prompt("Summarize.", &next));
+    assert_eq!(second, "The user said: My name is Ada; I live in Lisbon.");
+    let note = crate::proxy::mock::echo::reply(&carry_prompt("Note.", Some(&first), &second, 100));
+    assert_eq!(note, "The user said: My name is Ada; I live in Lisbon.");
+    let nothing = crate::proxy::mock::echo::reply(&carry_prompt("Note.", None, "Hello", 100));
+    assert_eq!(nothing, "The user has said nothing to remember yet.");
+    // The summary, sent as a second system message, is quoted.
+    let messages = [
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "system", "content": "Summary: Ada."}),
+        json!({"role": "user", "content": "Hi"}),
+    ];
+    assert!(crate::proxy::mock::echo::reply(&messages).ends_with(" My notes say: Summary: Ada."));
+}

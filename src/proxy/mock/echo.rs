@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::memory::summary;
+use crate::memory::summary::headings::{CARRY_HEADING, FOLD_HEADING};
 
 /// Roles in the order the tally names them; any other role follows, in
 /// the order first seen.
@@ -30,7 +30,7 @@ pub fn reply(messages: &[Value]) -> String {
         .find(|m| role(m) == "user")
         .map(|m| text(&m["content"]))
         .unwrap_or_default();
-    if asked.contains(summary::FOLD_HEADING) || asked.contains(summary::CARRY_HEADING) {
+    if asked.contains(FOLD_HEADING) || asked.contains(CARRY_HEADING) {
         return summarize(&asked);
     }
     let said: Vec<String> = messages
@@ -208,56 +208,6 @@ mod tests {
             "I see nothing you said. I received 1 message (1 function)."
         );
         assert_eq!(reply(&[]), "I see nothing you said. I received 0 messages.");
-    }
-
-    #[test]
-    fn summarizes_what_the_user_stated_when_asked_by_recall() {
-        let fold = summary::Fold {
-            from: 0,
-            until: 4,
-            epoch: 0,
-            born: 0,
-            previous: None,
-            messages: vec![
-                std::sync::Arc::new(crate::memory::message::Message::new(
-                    crate::memory::message::Role::User,
-                    "My name is Ada.",
-                )),
-                std::sync::Arc::new(crate::memory::message::Message::new(
-                    crate::memory::message::Role::User,
-                    "What is my name?",
-                )),
-            ],
-        };
-        let first = reply(&summary::prompt("Summarize.", &fold));
-        assert_eq!(first, "The user said: My name is Ada.");
-        let next = summary::Fold {
-            previous: Some(summary::Summary {
-                text: first.clone(),
-                until: 4,
-                model: "m".into(),
-                at_ms: 0,
-                covered_tokens: 0,
-            }),
-            messages: vec![std::sync::Arc::new(crate::memory::message::Message::new(
-                crate::memory::message::Role::User,
-                "I live in Lisbon",
-            ))],
-            ..fold
-        };
-        let second = reply(&summary::prompt("Summarize.", &next));
-        assert_eq!(second, "The user said: My name is Ada; I live in Lisbon.");
-        let note = reply(&summary::carry_prompt("Note.", Some(&first), &second, 100));
-        assert_eq!(note, "The user said: My name is Ada; I live in Lisbon.");
-        let nothing = reply(&summary::carry_prompt("Note.", None, "Hello", 100));
-        assert_eq!(nothing, "The user has said nothing to remember yet.");
-        // The summary, sent as a second system message, is quoted.
-        let messages = [
-            json!({"role": "system", "content": "Be brief."}),
-            json!({"role": "system", "content": "Summary: Ada."}),
-            json!({"role": "user", "content": "Hi"}),
-        ];
-        assert!(reply(&messages).ends_with(" My notes say: Summary: Ada."));
     }
 
     #[test]

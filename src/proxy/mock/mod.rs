@@ -7,7 +7,7 @@
 //! a mock reply takes the same path as a real one: the relay, SSE parsing,
 //! interruptions and draining all run unchanged.
 
-mod echo;
+pub(crate) mod echo;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
