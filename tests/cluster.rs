@@ -361,3 +361,63 @@ async fn response_chains_forks_and_conversations_live_on_the_cluster() {
         .await;
     assert_eq!(got["metadata"], json!({"k": "v"}));
 }
+
+/// Memory beyond the window on a cluster: the running summary lives in
+/// its session's slot and a user's note in a key of its own; both replicas
+/// see them, and a session of the user on the other replica starts with
+/// the note.
+#[tokio::test]
+async fn summaries_and_notes_work_across_a_cluster() {
+    let memory = format!(
+        "[history]\nwindow_messages = 4\n[memory]\nsummarize = true\ncarry_over = true\n\
+         summary_model = \"{SUMMARIZER}\"\nsummary_every_messages = 2\n"
+    );
+    let Some((a, b, upstream)) = pair(&memory).await else {
+        return;
+    };
+    let say = |h: &Harness, session: &str, text: String| {
+        let req = h
+            .client
+            .post(format!("{}/v1/chat/completions", h.url))
+            .header("x-session-id", session)
+            .header("x-user-id", "ada")
+            .json(&json!({"model": "m", "messages": [user(&text)]}))
+            .send();
+        async move { assert_eq!(req.await.unwrap().status(), 200) }
+    };
+    for i in 0..6 {
+        let replica = if i % 2 == 0 { &a } else { &b };
+        say(replica, "clustered", format!("fact {i}")).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let summary = loop {
+        let (_, s) = b.api(Method::GET, "/v1/sessions/clustered", None).await;
+        if s["summary"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("fact 2"))
+        {
+            break s["summary"].clone();
+        }
+        assert!(Instant::now() < deadline, "no summary: {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (_, seen) = a.api(Method::GET, "/v1/sessions/clustered", None).await;
+    assert_eq!(seen["summary"], summary);
+    a.api(Method::DELETE, "/v1/sessions/clustered", None).await;
+    let note = loop {
+        let (status, n) = b.api(Method::GET, "/v1/users/ada/memory", None).await;
+        if status == 200 {
+            break n;
+        }
+        assert!(Instant::now() < deadline, "no note");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(note["note"].as_str().unwrap().contains("fact 0"), "{note}");
+    say(&b, "next", "hello".into()).await;
+    let sent = upstream.split().1.pop().unwrap().transcript();
+    assert!(
+        sent.iter()
+            .any(|m| m.starts_with("system: Previously, the user talked about: Known: fact 0")),
+        "{sent:?}"
+    );
+}
