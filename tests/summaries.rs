@@ -34,6 +34,21 @@ async fn summary(h: &Harness, session: &str) -> Option<Value> {
     s.get("summary").cloned()
 }
 
+/// Folds everything outside the window now (`POST .../summarize`), after
+/// any fold under way, and returns the summary: what the tests compare
+/// against, whatever the background folds of fast turns got to.
+async fn settle(h: &Harness, session: &str) -> Value {
+    let (status, r) = h
+        .api(
+            Method::POST,
+            &format!("/v1/sessions/{session}/summarize"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    r["summary"].clone()
+}
+
 /// Waits until the session's summary covers up to `last_seq` at least.
 async fn summary_through(h: &Harness, session: &str, last_seq: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -147,7 +162,7 @@ async fn a_summary_and_a_note_survive_a_restart() {
     for i in 0..6 {
         first.say("kept", &format!("fact {i}")).await;
     }
-    let before = summary_through(&first, "kept", 3).await;
+    let before = settle(&first, "kept").await;
     first
         .api(
             Method::PUT,
@@ -217,7 +232,7 @@ async fn the_summary_goes_between_the_sessions_system_messages_and_the_requests(
     for i in 0..6 {
         h.say("order", &format!("fact {i}")).await;
     }
-    summary_through(&h, "order", 3).await;
+    settle(&h, "order").await;
     h.api(
         Method::PUT,
         "/v1/sessions/order/system_messages",
@@ -276,9 +291,9 @@ async fn a_failing_summary_model_leaves_turns_working_and_the_summary_intact() {
     for i in 0..6 {
         h.say("down", &format!("fact {i}")).await;
     }
-    // Everything foldable after six turns (up to the window of 6): no
-    // fold is left under way when the model goes down.
-    let before = summary_through(&h, "down", 5).await;
+    // Everything foldable folded: no fold is left under way when the
+    // model goes down.
+    let before = settle(&h, "down").await;
     for mode in [
         SummaryMode::Fail(500),
         SummaryMode::Text("   ".into()),
@@ -402,7 +417,7 @@ async fn vendor_custom_gets_the_summary_as_a_field_too() {
     for i in 0..6 {
         h.say("custom", &format!("fact {i}")).await;
     }
-    let s = summary_through(&h, "custom", 5).await;
+    let s = settle(&h, "custom").await;
     h.say("custom", "next").await;
     let sent = chats(&h).pop().unwrap();
     assert_eq!(sent.body["recall_summary"]["text"], s["text"]);
@@ -417,7 +432,7 @@ async fn an_ended_sessions_webhook_carries_its_summary() {
     for i in 0..6 {
         h.say("ends", &format!("fact {i}")).await;
     }
-    let s = summary_through(&h, "ends", 5).await;
+    let s = settle(&h, "ends").await;
     let (status, _) = h.api(Method::DELETE, "/v1/sessions/ends", None).await;
     assert_eq!(status, 200);
     let (_, _, ended) = hook
@@ -468,7 +483,7 @@ async fn replacing_the_history_resets_the_summary_and_the_note_comes_before_it()
     for i in 0..6 {
         say(format!("fact {i}")).await;
     }
-    summary_through(&h, "reset", 3).await;
+    settle(&h, "reset").await;
     say("next".into()).await;
     let sent = chats(&h).pop().unwrap().transcript();
     assert_eq!(sent[0], "system: You are kind.");
