@@ -430,35 +430,13 @@ async fn the_memory_demo_still_names_the_user_after_thirty_turns() {
     let text = std::fs::read_to_string(path).unwrap();
     // Its own [storage] and mock: the harness's upstream is never called.
     let h = Harness::with_config(&text, MockUpstream::start().await).await;
-    let url = format!("{}/v1/chat/completions", h.url);
-    let client = reqwest::Client::new();
-    let say = |text: String| {
-        let client = client.clone();
-        let url = url.clone();
-        async move {
-            let body: Value = client
-                .post(&url)
-                .header("x-session-id", "demo")
-                .json(&json!({"model": "gpt-4o-mini", "messages": [user(&text)]}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            body["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        }
-    };
-    say("My name is Ada.".into()).await;
+    h.say("demo", "My name is Ada.").await;
     for i in 1..=30 {
-        say(format!("Tell me about topic {i}.")).await;
+        h.say("demo", &format!("Tell me about topic {i}.")).await;
         // Folds run in the background; the demo's reader types slower.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let answer = say("What is my name?".into()).await;
+    let answer = h.say("demo", "What is my name?").await;
     assert!(
         answer.contains(
             "My notes say: Summary of the conversation so far: The user said: My name is Ada;"

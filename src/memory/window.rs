@@ -8,6 +8,7 @@
 
 use std::borrow::Borrow;
 
+use crate::config::HistoryConfig;
 use crate::memory::message::Message;
 use crate::memory::tokens::Encoding;
 
@@ -21,6 +22,18 @@ pub struct Limits {
     pub tokens: usize,
     /// How the model the window is for counts tokens.
     pub encoding: Encoding,
+}
+
+impl Limits {
+    /// The window `[history]` configures, counting tokens with `encoding`.
+    pub fn of(history: &HistoryConfig, encoding: Encoding) -> Self {
+        Self {
+            messages: history.window_messages,
+            chars: history.window_chars,
+            tokens: history.window_tokens,
+            encoding,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

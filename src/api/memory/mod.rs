@@ -207,14 +207,7 @@ fn window_of(app: &App) -> Result<(VendorRules, Limits), ApiError> {
         .first()
         .map(|u| u.rules.clone())
         .ok_or(ApiError::Internal)?;
-    let h = &app.policy.history;
-    let limits = Limits {
-        messages: h.window_messages,
-        chars: h.window_chars,
-        tokens: h.window_tokens,
-        encoding: Encoding::Approx,
-    };
-    Ok((rules, limits))
+    Ok((rules, Limits::of(&app.policy.history, Encoding::Approx)))
 }
 
 /// `PUT /v1/sessions/{id}/summary` with `{"summary": "..."}`: sets the

@@ -1,16 +1,14 @@
 //! `/v1/users/{user}/memory`: a user's carried note, read, set and
 //! forgotten (everywhere), within the caller's tenant.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::api::auth::Access;
 use crate::api::sessions::{self, json_body, Target, Turns};
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::summary::{self, Note};
@@ -27,20 +25,12 @@ impl<S: Send + Sync> FromRequestParts<S> for UserTarget {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| RequestError::invalid(e.body_text(), Some("user")))?;
-        let name = params.get("user").cloned().unwrap_or_default();
+        let (name, access) = sessions::named(parts, state, "user", "user").await?;
         if name.trim().is_empty() || name.len() > 256 {
             return Err(
                 RequestError::invalid("a user id is 1 to 256 characters", Some("user")).into(),
             );
         }
-        let access = parts
-            .extensions
-            .get::<Access>()
-            .cloned()
-            .unwrap_or(Access::All);
         Ok(UserTarget {
             key: access.internal(&name).into_owned(),
             name,

@@ -36,20 +36,32 @@ impl<S: Send + Sync> FromRequestParts<S> for Target {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| RequestError::invalid(e.body_text(), Some("session_id")))?;
-        let name = params.get("id").cloned().unwrap_or_default();
-        let access = parts
-            .extensions
-            .get::<Access>()
-            .cloned()
-            .unwrap_or(Access::All);
+        let (name, access) = named(parts, state, "id", "session_id").await?;
         Ok(Target {
             id: access.internal(&name).into_owned(),
             name,
         })
     }
+}
+
+/// The path parameter `param` (`field` in an error) and whose request it
+/// is (`Access`, set by the session API's middleware).
+pub(crate) async fn named<S: Send + Sync>(
+    parts: &mut Parts,
+    state: &S,
+    param: &str,
+    field: &'static str,
+) -> Result<(String, Access), ApiError> {
+    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+        .await
+        .map_err(|e| RequestError::invalid(e.body_text(), Some(field)))?;
+    let name = params.get(param).cloned().unwrap_or_default();
+    let access = parts
+        .extensions
+        .get::<Access>()
+        .cloned()
+        .unwrap_or(Access::All);
+    Ok((name, access))
 }
 
 pub(crate) async fn existing(app: &App, target: &Target) -> Result<Arc<Session>, ApiError> {

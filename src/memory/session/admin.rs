@@ -197,24 +197,26 @@ impl Session {
         messages: Vec<Message>,
         now_ms: i64,
     ) -> Result<Ticket, Refused> {
-        self.change_meta(policy, now_ms, |st| st.system_messages = messages)
+        let ((), ticket) = self.change_meta(policy, now_ms, |st| st.system_messages = messages)?;
+        Ok(ticket)
     }
 
-    /// Changes what the meta holds (written whole with the next batch).
-    pub(super) fn change_meta(
+    /// Changes what the meta holds (written whole with the next batch),
+    /// and answers what the change returned.
+    pub(super) fn change_meta<T>(
         &self,
         policy: &Policy,
         now_ms: i64,
-        change: impl FnOnce(&mut State),
-    ) -> Result<Ticket, Refused> {
+        change: impl FnOnce(&mut State) -> T,
+    ) -> Result<(T, Ticket), Refused> {
         let mut st = self.state();
         if st.ended {
             return Err(Refused::Ended);
         }
         self.touch(now_ms);
-        change(&mut st);
+        let out = change(&mut st);
         st.meta_changed();
-        Ok(self.persist(&mut st, policy, Vec::new()))
+        Ok((out, self.persist(&mut st, policy, Vec::new())))
     }
 
     /// Ends the session: a reply in flight is recorded as interrupted, and

@@ -21,7 +21,8 @@ impl Session {
         metadata: Map<String, Value>,
         now_ms: i64,
     ) -> Result<Ticket, Refused> {
-        self.change_meta(policy, now_ms, |st| st.metadata = metadata)
+        let ((), ticket) = self.change_meta(policy, now_ms, |st| st.metadata = metadata)?;
+        Ok(ticket)
     }
 
     /// Forgets the response `key`: its mark goes, its messages stay in the

@@ -219,22 +219,18 @@ impl Session {
         limits: Limits,
         now_ms: i64,
     ) -> Result<(Summary, Ticket), Refused> {
-        let mut st = self.state();
-        if st.ended {
-            return Err(Refused::Ended);
-        }
-        self.touch(now_ms);
-        let plain = render::outbound(&st.messages, rules, limits).start;
-        let summary = Summary {
-            text,
-            until: st.first_seq + plain as u64,
-            model: summary::MANUAL.into(),
-            at_ms: now_ms,
-            covered_tokens: 0,
-        };
-        st.remembered.summary = Some(summary.clone());
-        st.meta_changed();
-        Ok((summary, self.persist(&mut st, policy, Vec::new())))
+        self.change_meta(policy, now_ms, |st| {
+            let plain = render::outbound(&st.messages, rules, limits).start;
+            let summary = Summary {
+                text,
+                until: st.first_seq + plain as u64,
+                model: summary::MANUAL.into(),
+                at_ms: now_ms,
+                covered_tokens: 0,
+            };
+            st.remembered.summary = Some(summary.clone());
+            summary
+        })
     }
 
     /// Makes user `key` (`user` as the client names them) the one this

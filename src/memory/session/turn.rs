@@ -274,12 +274,7 @@ impl Session {
         ops.extend((from..st.messages.len()).map(|i| self.push_op(st, i)));
         self.trim(st, policy, &mut ops);
 
-        let limits = Limits {
-            messages: policy.history.window_messages,
-            chars: policy.history.window_chars,
-            tokens: policy.history.window_tokens,
-            encoding: req.encoding,
-        };
+        let limits = Limits::of(&policy.history, req.encoding);
         let reach = self.reach(st, policy);
         let sent = render::outbound_reaching(&st.messages, req.rules, limits, reach);
         let fold = self.after_window(st, policy, &sent, req.encoding, now_ms);
