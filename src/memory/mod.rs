@@ -6,6 +6,7 @@ pub mod chain;
 pub mod inflight;
 pub mod interruption;
 pub mod lifecycle;
+pub mod long_term;
 pub mod message;
 pub mod reconcile;
 pub mod render;
