@@ -3,6 +3,8 @@
 //! known, ranking for recall, and which records a full user gives up.
 //! Nothing here calls a model or storage.
 
+pub mod headings;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
