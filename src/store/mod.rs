@@ -12,12 +12,14 @@
 pub mod faults;
 mod notes;
 mod op;
+mod records;
 pub mod redis;
 mod round;
 pub mod sqlite;
 
 pub use notes::Notes;
 pub use op::{Listed, Loaded, Meta, Op};
+pub use records::{Held, Records};
 pub use round::Ticket;
 pub(crate) use round::{gather, settle, Batch, Faults, Fences};
 

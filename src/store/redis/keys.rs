@@ -55,6 +55,22 @@ impl Keys {
         format!("{}:{{u:{user}}}:note", self.prefix)
     }
 
+    /// Hash: a user's memory records, JSON without the embedding, by id.
+    pub fn records(&self, user: &str) -> String {
+        format!("{}:{{u:{user}}}:rec", self.prefix)
+    }
+
+    /// Hash: a user's records' embeddings, f32 little-endian, by id.
+    pub fn embeddings(&self, user: &str) -> String {
+        format!("{}:{{u:{user}}}:vec", self.prefix)
+    }
+
+    /// Hash: the `version` every change of a user's records moves, and
+    /// `forgotten_at`, when all were last forgotten.
+    pub fn records_version(&self, user: &str) -> String {
+        format!("{}:{{u:{user}}}:rver", self.prefix)
+    }
+
     /// String with expiry: the replica sending a kept event.
     pub fn event_claim(&self, event: &str) -> String {
         format!("{}:{{e:{event}}}:claim", self.prefix)
@@ -119,6 +135,18 @@ mod tests {
             assert_eq!(t, tag(&k.lease(id)), "{id}");
         }
         assert_eq!(k.meta("abc"), "recall:{abc}:s");
+    }
+
+    #[test]
+    fn a_users_keys_share_one_tag_whatever_its_key() {
+        let k = Keys::new("p");
+        for user in ["ada", "t:ada", "a}b", "a{b", "é"] {
+            let t = tag(&k.records(user)).to_owned();
+            assert_eq!(t, tag(&k.embeddings(user)), "{user}");
+            assert_eq!(t, tag(&k.records_version(user)), "{user}");
+            assert_eq!(t, tag(&k.note(user)), "{user}");
+        }
+        assert_eq!(k.records("ada"), "p:{u:ada}:rec");
     }
 
     #[test]

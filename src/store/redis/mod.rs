@@ -16,6 +16,14 @@
 //! - `P:{b<n>}:undelivered`: hash, webhook events kept until delivered, by
 //!   id (bucket of the event's id);
 //! - `P:{u:<user>}`: set of the ids a user spoke in;
+//! - `P:{u:<user>}:note`: a user's carried note;
+//! - `P:{u:<user>}:rec`: hash, a user's memory records (JSON without the
+//!   embedding) by id;
+//! - `P:{u:<user>}:vec`: hash, those records' embeddings (f32
+//!   little-endian) by id;
+//! - `P:{u:<user>}:rver`: hash, the `version` every change of the user's
+//!   records moves (one script writes all three keys, `records.rs`), and
+//!   `forgotten_at`;
 //! - `P:{e:<event>}:claim`: which replica is sending a kept event, with
 //!   expiry;
 //! - channel `P:interrupt`: "stop your reply in flight for this id".
@@ -36,6 +44,7 @@ mod conn;
 mod encode;
 mod keys;
 mod read;
+mod records;
 mod writer;
 
 use std::sync::atomic::{AtomicU64, Ordering};

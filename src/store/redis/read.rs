@@ -272,7 +272,7 @@ impl Redis {
     }
 }
 
-fn decode<T: redis::FromRedisValue>(v: &Value) -> Result<T, StorageError> {
+pub(super) fn decode<T: redis::FromRedisValue>(v: &Value) -> Result<T, StorageError> {
     redis::from_redis_value_ref(v).map_err(|e| StorageError::Corrupt(e.to_string()))
 }
 

@@ -1,6 +1,7 @@
 //! Embedded SQLite: no server, WAL mode, one writer thread that commits
 //! whatever has queued up in a single transaction (group commit), and a
 //! separate connection for reads, which WAL lets run beside the writer.
+//! Users' memory records have a connection of their own (`records.rs`).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,7 @@ use super::{Batch, Faults, Fences, Listed, Loaded, Op, StorageError, Ticket};
 use crate::config::{StorageConfig, SyncMode};
 use crate::memory::message::Message;
 
+pub(super) mod records;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -25,6 +27,8 @@ use writer::{checkpoint_loop, write_loop, Signals, Writer};
 pub struct Sqlite {
     tx: mpsc::UnboundedSender<Batch>,
     reader: Arc<Mutex<Connection>>,
+    /// Writes and reads users' memory records (`records.rs`).
+    records: Arc<Mutex<Connection>>,
     /// Sessions whose writes failed (see `Fences`).
     pub(crate) fences: Arc<Fences>,
     #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
@@ -76,11 +80,18 @@ impl Sqlite {
             writer.pragma_update(None, "temp_store", "MEMORY")?;
             let reader = connect(&path)?;
             let checkpointer = connect(&path)?;
-            Ok((writer, (reader, checkpointer)))
+            // Writes too: as the writer, it leaves checkpoints to their
+            // thread and cuts a grown WAL back.
+            let records = connect(&path)?;
+            let synchronous: i64 = writer.pragma_query_value(None, "synchronous", |r| r.get(0))?;
+            records.pragma_update(None, "synchronous", synchronous)?;
+            records.pragma_update(None, "wal_autocheckpoint", 0)?;
+            records.pragma_update(None, "journal_size_limit", wal.keep_bytes)?;
+            Ok((writer, (reader, checkpointer, records)))
         })
         .await
         .map_err(|e| StorageError::Task(e.to_string()))??;
-        let (reader, checkpointer) = reader;
+        let (reader, checkpointer, records) = reader;
 
         let (tx, rx) = mpsc::unbounded_channel();
         let fences = Arc::new(Fences::default());
@@ -105,6 +116,7 @@ impl Sqlite {
         Ok(Self {
             tx,
             reader: Arc::new(Mutex::new(reader)),
+            records: Arc::new(Mutex::new(records)),
             fences,
             faults,
         })

@@ -58,6 +58,24 @@ pub(super) const MIGRATIONS: &[&str] = &[
          user TEXT PRIMARY KEY,
          body TEXT NOT NULL
      ) WITHOUT ROWID;",
+    // 6: users' long-term memory records and, per user, the version every
+    // change moves and when all were last forgotten. A record carries its
+    // embedding (1536 f32s are 6 KiB, several of these 1 KiB pages), and
+    // SQLite advises WITHOUT ROWID only for rows under about a twentieth
+    // of a page, so the records are an ordinary table (rows appended, the
+    // blobs in overflow pages) with their key in an index of small entries.
+    "CREATE TABLE memory_records (
+         user TEXT NOT NULL,
+         id TEXT NOT NULL,
+         body TEXT NOT NULL,
+         embedding BLOB NOT NULL,
+         PRIMARY KEY (user, id)
+     );
+     CREATE TABLE memory_users (
+         user TEXT PRIMARY KEY,
+         version INTEGER NOT NULL,
+         forgotten_at INTEGER NOT NULL
+     ) WITHOUT ROWID;",
 ];
 
 pub(super) fn connect(path: &str) -> Result<Connection, StorageError> {

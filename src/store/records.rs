@@ -1,0 +1,374 @@
+//! Users' long-term memory records (`long_term::Record`), kept by user key
+//! (tenant-scoped): in the backend's own place with SQLite and Redis, in
+//! this process with memory storage.
+//!
+//! Every change to a user's records moves the user's version by one, and
+//! is made only if the version is still the one the writer read
+//! (compare-and-set), so that two extractions of one user, in one process
+//! or in two replicas, cannot lose each other's facts. The version also
+//! tells a replica whether its cached copy is current: a version is only
+//! ever one content. (`recalled` is the exception: bookkeeping for
+//! eviction, it changes a record's `recalled_at` without a new version.)
+//!
+//! Records are held in id order on every backend.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use serde_json::Value;
+
+use super::{sqlite, Storage, StorageError};
+use crate::memory::long_term::Record;
+
+#[cfg(test)]
+mod tests;
+
+/// One user's records as stored at `version`; `forgotten_at` is when they
+/// were last all forgotten (0 never).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Held {
+    pub version: u64,
+    pub forgotten_at: i64,
+    pub records: Vec<Record>,
+}
+
+type Cache = Arc<DashMap<String, Arc<Held>>>;
+
+/// The records of users, cached in this process by user key. With memory
+/// storage the cache is the store; with SQLite a cached user is current
+/// (this process is the database's only writer, and every write and load
+/// updates the cache under the records connection's lock); with Redis
+/// each read checks the user's version first. So a process has one
+/// `Records` per storage.
+#[derive(Default)]
+pub struct Records {
+    cache: Cache,
+}
+
+impl Records {
+    /// The user's records as stored now.
+    pub async fn of(&self, storage: &Storage, user: &str) -> Result<Arc<Held>, StorageError> {
+        match storage {
+            Storage::Memory => Ok(self.cached(user).unwrap_or_default()),
+            Storage::Sqlite(s) => {
+                if let Some(held) = self.cached(user) {
+                    return Ok(held);
+                }
+                let (cache, user) = (Arc::clone(&self.cache), user.to_owned());
+                s.records(move |conn| {
+                    // A write under this lock may have cached it meanwhile.
+                    if let Some(held) = cache.get(&user) {
+                        return Ok(Arc::clone(&held));
+                    }
+                    let held = Arc::new(sqlite::records::load(conn, &user)?);
+                    cache.insert(user, Arc::clone(&held));
+                    Ok(held)
+                })
+                .await
+            }
+            Storage::Redis(r) => {
+                let version = r.records_version(user).await?;
+                if let Some(held) = self.cached(user).filter(|h| h.version == version) {
+                    return Ok(held);
+                }
+                let held = Arc::new(r.records_load(user).await?);
+                newer(&self.cache, user, Arc::clone(&held));
+                Ok(held)
+            }
+        }
+    }
+
+    /// Compare-and-set: if the user's records are still at `version`,
+    /// inserts or replaces `put` (by id; the last of one id wins, and a
+    /// record both put and removed is kept as put), removes the ids in
+    /// `remove`, moves the version by one and returns true; false if the
+    /// version moved meanwhile (nothing is written).
+    pub async fn change(
+        &self,
+        storage: &Storage,
+        user: &str,
+        version: u64,
+        put: Vec<Record>,
+        remove: Vec<String>,
+    ) -> Result<bool, StorageError> {
+        match storage {
+            Storage::Memory => {
+                let mut held = self.cache.entry(user.to_owned()).or_default();
+                if held.version != version {
+                    return Ok(false);
+                }
+                *held = Arc::new(applied(&held, &put, &remove));
+                Ok(true)
+            }
+            Storage::Sqlite(s) => {
+                let (cache, user) = (Arc::clone(&self.cache), user.to_owned());
+                s.records(move |conn| {
+                    let done = sqlite::records::change(conn, &user, version, &put, &remove)?;
+                    if done {
+                        changed(&cache, &user, version, &put, &remove);
+                    }
+                    Ok(done)
+                })
+                .await
+            }
+            Storage::Redis(r) => {
+                let done = r.records_change(user, version, &put, &remove).await?;
+                if done {
+                    changed(&self.cache, user, version, &put, &remove);
+                }
+                Ok(done)
+            }
+        }
+    }
+
+    /// Removes one record; whether it was there. Only a removal moves the
+    /// version (nothing changed otherwise, and nobody need reload).
+    pub async fn delete(
+        &self,
+        storage: &Storage,
+        user: &str,
+        id: &str,
+    ) -> Result<bool, StorageError> {
+        let remove = vec![id.to_owned()];
+        match storage {
+            Storage::Memory => {
+                let Some(mut held) = self.cache.get_mut(user) else {
+                    return Ok(false);
+                };
+                if !held.records.iter().any(|r| r.id == id) {
+                    return Ok(false);
+                }
+                *held = Arc::new(applied(&held, &[], &remove));
+                Ok(true)
+            }
+            Storage::Sqlite(s) => {
+                let (cache, user) = (Arc::clone(&self.cache), user.to_owned());
+                s.records(move |conn| {
+                    let Some(version) = sqlite::records::delete(conn, &user, &remove[0])? else {
+                        return Ok(false);
+                    };
+                    changed(&cache, &user, version.saturating_sub(1), &[], &remove);
+                    Ok(true)
+                })
+                .await
+            }
+            Storage::Redis(r) => {
+                let Some(version) = r.records_delete(user, id).await? else {
+                    return Ok(false);
+                };
+                changed(&self.cache, user, version.saturating_sub(1), &[], &remove);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Removes all the user's records and says when (`forgotten_at`),
+    /// moving the version; how many were removed.
+    pub async fn forget(
+        &self,
+        storage: &Storage,
+        user: &str,
+        at_ms: i64,
+    ) -> Result<usize, StorageError> {
+        let empty = move |version| {
+            Arc::new(Held {
+                version,
+                forgotten_at: at_ms,
+                records: Vec::new(),
+            })
+        };
+        match storage {
+            Storage::Memory => {
+                let mut held = self.cache.entry(user.to_owned()).or_default();
+                let n = held.records.len();
+                *held = empty(held.version + 1);
+                Ok(n)
+            }
+            Storage::Sqlite(s) => {
+                let (cache, user) = (Arc::clone(&self.cache), user.to_owned());
+                s.records(move |conn| {
+                    let (n, version) = sqlite::records::forget(conn, &user, at_ms)?;
+                    cache.insert(user, empty(version));
+                    Ok(n)
+                })
+                .await
+            }
+            Storage::Redis(r) => {
+                let (n, version) = r.records_forget(user, at_ms).await?;
+                newer(&self.cache, user, empty(version));
+                Ok(n)
+            }
+        }
+    }
+
+    /// Sets `recalled_at = at_ms` on those of `ids` still stored, without
+    /// a version check and without moving the version: bookkeeping for
+    /// eviction, which must not make other replicas reload (their copies
+    /// keep the older times until they reload for another reason).
+    pub async fn recalled(
+        &self,
+        storage: &Storage,
+        user: &str,
+        ids: &[String],
+        at_ms: i64,
+    ) -> Result<(), StorageError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        match storage {
+            Storage::Memory => touched(&self.cache, user, ids, at_ms),
+            Storage::Sqlite(s) => {
+                let (cache, user, ids) = (Arc::clone(&self.cache), user.to_owned(), ids.to_vec());
+                s.records(move |conn| {
+                    sqlite::records::recalled(conn, &user, &ids, at_ms)?;
+                    touched(&cache, &user, &ids, at_ms);
+                    Ok(())
+                })
+                .await?;
+            }
+            Storage::Redis(r) => {
+                r.records_recalled(user, ids, at_ms).await?;
+                touched(&self.cache, user, ids, at_ms);
+            }
+        }
+        Ok(())
+    }
+
+    fn cached(&self, user: &str) -> Option<Arc<Held>> {
+        self.cache.get(user).map(|h| Arc::clone(&h))
+    }
+}
+
+/// `held` after a change, at the next version.
+fn applied(held: &Held, put: &[Record], remove: &[String]) -> Held {
+    let mut by_id: BTreeMap<&str, &Record> =
+        held.records.iter().map(|r| (r.id.as_str(), r)).collect();
+    for id in remove {
+        by_id.remove(id.as_str());
+    }
+    for r in put {
+        by_id.insert(&r.id, r);
+    }
+    Held {
+        version: held.version + 1,
+        forgotten_at: held.forgotten_at,
+        records: by_id.into_values().cloned().collect(),
+    }
+}
+
+/// The cache after a change from `from` was stored: applied to a copy at
+/// `from`, else dropped unless newer (the next read loads it).
+fn changed(cache: &Cache, user: &str, from: u64, put: &[Record], remove: &[String]) {
+    if let Some(mut held) = cache.get_mut(user) {
+        if held.version == from {
+            *held = Arc::new(applied(&held, put, remove));
+            return;
+        }
+    }
+    cache.remove_if(user, |_, held| held.version <= from);
+}
+
+/// Caches `held` unless a newer version of the user is cached (a read
+/// that finished after a later write).
+fn newer(cache: &Cache, user: &str, held: Arc<Held>) {
+    match cache.entry(user.to_owned()) {
+        Entry::Occupied(mut e) if e.get().version <= held.version => {
+            e.insert(held);
+        }
+        Entry::Occupied(_) => {}
+        Entry::Vacant(e) => {
+            e.insert(held);
+        }
+    }
+}
+
+/// `recalled_at` set in the cached copy too, at the same version.
+fn touched(cache: &Cache, user: &str, ids: &[String], at_ms: i64) {
+    let ids: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    if let Some(mut held) = cache.get_mut(user) {
+        if !held.records.iter().any(|r| ids.contains(r.id.as_str())) {
+            return;
+        }
+        let mut next = Held::clone(&held);
+        for r in &mut next.records {
+            if ids.contains(r.id.as_str()) {
+                r.recalled_at = at_ms;
+            }
+        }
+        *held = Arc::new(next);
+    }
+}
+
+/// A record as stored beside its embedding: its JSON without the
+/// embedding (kilobytes of numbers as text), which is kept as a blob.
+pub(crate) fn body(r: &Record) -> Result<String, StorageError> {
+    let bare = Record {
+        id: r.id.clone(),
+        text: r.text.clone(),
+        strategy: r.strategy.clone(),
+        namespace: r.namespace.clone(),
+        user: r.user.clone(),
+        session: r.session.clone(),
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        recalled_at: r.recalled_at,
+        embedding: Vec::new(),
+    };
+    let mut v = serde_json::to_value(&bare).map_err(|e| corrupt(&r.id, e))?;
+    if let Value::Object(o) = &mut v {
+        o.remove("embedding");
+    }
+    Ok(v.to_string())
+}
+
+/// A record from its stored body and embedding.
+pub(crate) fn record(body: &str, blob: &[u8]) -> Result<Record, StorageError> {
+    let mut v: Value = serde_json::from_str(body).map_err(|e| corrupt("?", e))?;
+    let Value::Object(o) = &mut v else {
+        return Err(corrupt("?", "not a JSON object"));
+    };
+    let id = o
+        .get("id")
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+        .to_owned();
+    o.insert("embedding".into(), Value::Array(Vec::new()));
+    let mut r: Record = serde_json::from_value(v).map_err(|e| corrupt(&id, e))?;
+    r.embedding = from_blob(blob).map_err(|e| corrupt(&id, e))?;
+    Ok(r)
+}
+
+/// A stored body with `recalled_at` set, all else as it was.
+pub(crate) fn with_recalled(body: &str, at_ms: i64) -> Result<String, StorageError> {
+    let mut v: Value = serde_json::from_str(body).map_err(|e| corrupt("?", e))?;
+    let Value::Object(o) = &mut v else {
+        return Err(corrupt("?", "not a JSON object"));
+    };
+    o.insert("recalled_at".into(), at_ms.into());
+    Ok(v.to_string())
+}
+
+/// An embedding as stored: its f32s, little-endian (exact, and a quarter
+/// of the size of the same numbers as text).
+pub(crate) fn to_blob(embedding: &[f32]) -> Vec<u8> {
+    embedding.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(crate) fn from_blob(blob: &[u8]) -> Result<Vec<f32>, StorageError> {
+    if blob.len() % 4 != 0 {
+        return Err(StorageError::Corrupt(format!(
+            "an embedding of {} bytes is not f32s",
+            blob.len()
+        )));
+    }
+    Ok(blob
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+fn corrupt(id: &str, e: impl std::fmt::Display) -> StorageError {
+    StorageError::Corrupt(format!("memory record {id}: {e}"))
+}
