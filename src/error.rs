@@ -131,9 +131,13 @@ pub enum ApiError {
     #[error("recall is at its limit of {limit} upstream calls at once (server.max_concurrent_upstream); retry shortly")]
     Overloaded { limit: usize },
     /// The summary model wrote nothing that could be kept (why, from
-    /// `summarizer::ModelError`).
+    /// `models::ModelError`).
     #[error("{0}; the summary is unchanged")]
     SummaryModel(String),
+    /// The extract or embedding model failed a job run on request: no
+    /// record was stored or changed.
+    #[error("{0}; no memory record was stored")]
+    LongTermModel(String),
 }
 
 impl UpstreamError {
@@ -264,6 +268,12 @@ impl ApiError {
                 "upstream_error",
                 None,
                 Some("summary_failed"),
+            ),
+            ApiError::LongTermModel(_) => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                None,
+                Some("extraction_failed"),
             ),
             ApiError::Upstream(e) => match e {
                 UpstreamError::Unreachable { .. } => (

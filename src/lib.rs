@@ -12,8 +12,10 @@ pub mod config;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod long_term;
 pub mod memory;
 pub mod metrics;
+pub mod models;
 pub mod proxy;
 pub mod server;
 pub mod store;

@@ -118,6 +118,7 @@ impl World {
                 ..HistoryConfig::default()
             },
             memory: Default::default(),
+            long_term: Default::default(),
             on_new_request: OnNewRequest::Interrupt,
             metrics: Arc::new(Metrics::default()),
             notifier: Arc::new(LogOnly),
@@ -167,7 +168,7 @@ impl World {
         let turn = TurnRequest {
             incoming: sent,
             user: None,
-            note_user: None,
+            memory_user: None,
             encoding: Encoding::Approx,
             now_ms: self.now,
             retrying,

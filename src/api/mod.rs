@@ -77,6 +77,19 @@ fn v1(app: &Arc<App>) -> Router<Arc<App>> {
             axum::routing::put(memory::put_summary),
         )
         .route("/sessions/{id}/summarize", post(memory::summarize))
+        .route("/sessions/{id}/memory/extract", post(memory::extract))
+        .route(
+            "/users/{user}/memory/records",
+            get(memory::list_records).post(memory::add_record),
+        )
+        .route(
+            "/users/{user}/memory/records/search",
+            post(memory::search_records),
+        )
+        .route(
+            "/users/{user}/memory/records/{id}",
+            get(memory::get_record).delete(memory::delete_record),
+        )
         .route(
             "/users/{user}/memory",
             get(memory::get_user_memory)

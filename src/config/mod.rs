@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod long_term;
 mod memory;
 mod server;
 mod storage;
@@ -16,6 +17,7 @@ mod upstream;
 mod validate;
 mod webhook;
 
+pub use long_term::*;
 pub use memory::*;
 pub use server::*;
 pub use storage::*;
@@ -53,6 +55,8 @@ pub struct Config {
     pub interruption: InterruptionConfig,
     #[serde(default)]
     pub memory: MemoryConfig,
+    #[serde(default)]
+    pub long_term: LongTermConfig,
     #[serde(default)]
     pub storage: StorageConfig,
     #[serde(default)]

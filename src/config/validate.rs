@@ -192,6 +192,16 @@ impl Config {
         }
         self.validate_memory()
             .map_err(|(k, m)| invalid(&format!("memory.{k}"), &m))?;
+        let served = |model: &str| {
+            self.upstreams.iter().any(|u| {
+                u.models
+                    .iter()
+                    .any(|p| wildmatch::WildMatch::new(p).matches(model))
+            })
+        };
+        self.long_term
+            .validate(served)
+            .map_err(|(k, m)| invalid(&format!("long_term.{k}"), &m))?;
         Ok(())
     }
 

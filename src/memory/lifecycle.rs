@@ -101,6 +101,9 @@ async fn end_when(
     app.metrics.session_ended();
     let event = event_of(&ended);
     carry_over(app, &ended, session.created_ms);
+    if let Some(lt) = &app.long_term {
+        crate::long_term::jobs::after_end(lt, &ended, session.created_ms, &session.id);
+    }
     tracing::info!(session = %session.id, ?reason, "session ended");
     app.notifier
         .notify_kept(event.clone(), keep.then_some(kept_id));

@@ -238,7 +238,7 @@ fn fold_to(
 
 /// Whether a fold reads a stored message: not one a regenerate, an edit
 /// or a retry replaced, nor a failure record (the model never said it).
-fn read(m: &Message) -> bool {
+pub(crate) fn read(m: &Message) -> bool {
     !is_superseded(m) && !is_failure(m)
 }
 
@@ -278,8 +278,13 @@ pub fn carry_prompt(
     ]
 }
 
+/// A message's text as heard, on one line.
+pub(crate) fn said(m: &Message) -> String {
+    flat(&text_of(&m.content))
+}
+
 /// A message as one line of the fold: who said it and what was heard.
-fn line(m: &Message) -> String {
+pub(crate) fn line(m: &Message) -> String {
     let text = flat(&text_of(&m.content));
     match m.role {
         Role::Assistant if interruption::is_interrupted(m) => {

@@ -1,6 +1,7 @@
 //! What memory beyond the window measures: summary jobs by outcome and
 //! duration, how far the summary lags behind the window, what it saves,
-//! and the gaps when it lags too far.
+//! and the gaps when it lags too far; long-term memory's jobs and what
+//! they changed of users' records.
 
 use std::time::Duration;
 
@@ -17,6 +18,10 @@ pub enum Job {
     Fold,
     /// Folds an ended session's summary into its user's note.
     Note,
+    /// Extracts facts from a session's messages into its user's records.
+    Extract,
+    /// Searches a user's records for the facts of a session's next turn.
+    Recall,
 }
 
 /// How one attempt of a job ended.
@@ -30,10 +35,18 @@ pub enum JobOutcome {
     Failed,
     /// Every attempt failed: the job gave up until asked again.
     GaveUp,
+    /// The extract model's answer was not a list of facts: nothing stored.
+    Malformed,
 }
 
 impl JobOutcome {
-    const ALL: [JobOutcome; 4] = [Self::Stored, Self::Stale, Self::Failed, Self::GaveUp];
+    const ALL: [JobOutcome; 5] = [
+        Self::Stored,
+        Self::Stale,
+        Self::Failed,
+        Self::GaveUp,
+        Self::Malformed,
+    ];
 
     fn label(self) -> &'static str {
         match self {
@@ -41,6 +54,7 @@ impl JobOutcome {
             Self::Stale => "stale",
             Self::Failed => "failed",
             Self::GaveUp => "gave_up",
+            Self::Malformed => "malformed",
         }
     }
 }
@@ -50,8 +64,37 @@ impl Job {
         match self {
             Job::Fold => "fold",
             Job::Note => "note",
+            Job::Extract => "extract",
+            Job::Recall => "recall",
         }
     }
+
+    fn long_term(self) -> bool {
+        matches!(self, Job::Extract | Job::Recall)
+    }
+}
+
+/// What a long-term job did to a user's records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordChange {
+    Added,
+    Updated,
+    Evicted,
+}
+
+impl RecordChange {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Added => "added",
+            Self::Updated => "updated",
+            Self::Evicted => "evicted",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChangeLabels {
+    change: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,6 +110,9 @@ pub struct MemoryMetrics {
     lag: Histogram,
     saved: Histogram,
     gaps: Counter,
+    long_term_jobs: Family<JobLabels, Counter>,
+    long_term_seconds: Histogram,
+    records: Family<ChangeLabels, Counter>,
 }
 
 impl MemoryMetrics {
@@ -101,13 +147,48 @@ impl MemoryMetrics {
             "Turns whose window could not reach back to the summary (more than summary_max_lag_messages uncovered)",
             gaps.clone(),
         );
-        for job in [Job::Fold, Job::Note] {
-            for outcome in JobOutcome::ALL {
-                jobs.get_or_create(&JobLabels {
-                    job: job.label(),
-                    outcome: outcome.label(),
+        let long_term_jobs = Family::<JobLabels, Counter>::default();
+        registry.register(
+            "long_term_jobs",
+            "Long-term memory jobs, by job (extract: facts into records; recall: a search for the next turn) and outcome (stored, stale, failed attempt, gave_up, malformed)",
+            long_term_jobs.clone(),
+        );
+        let long_term_seconds = super::latency();
+        registry.register(
+            "long_term_call_duration_seconds",
+            "Time of one call of the extract or embedding model",
+            long_term_seconds.clone(),
+        );
+        let records = Family::<ChangeLabels, Counter>::default();
+        registry.register(
+            "long_term_records",
+            "Changes of users' long-term records by extraction (added, updated, evicted)",
+            records.clone(),
+        );
+        for change in [
+            RecordChange::Added,
+            RecordChange::Updated,
+            RecordChange::Evicted,
+        ] {
+            records
+                .get_or_create(&ChangeLabels {
+                    change: change.label(),
                 })
                 .inc_by(0);
+        }
+        for job in [Job::Fold, Job::Note, Job::Extract, Job::Recall] {
+            let family = if job.long_term() {
+                &long_term_jobs
+            } else {
+                &jobs
+            };
+            for outcome in JobOutcome::ALL {
+                family
+                    .get_or_create(&JobLabels {
+                        job: job.label(),
+                        outcome: outcome.label(),
+                    })
+                    .inc_by(0);
             }
         }
         Self {
@@ -116,11 +197,22 @@ impl MemoryMetrics {
             lag,
             saved,
             gaps,
+            long_term_jobs,
+            long_term_seconds,
+            records,
+        }
+    }
+
+    fn jobs_of(&self, job: Job) -> &Family<JobLabels, Counter> {
+        if job.long_term() {
+            &self.long_term_jobs
+        } else {
+            &self.jobs
         }
     }
 
     pub fn job(&self, job: Job, outcome: JobOutcome) {
-        self.jobs
+        self.jobs_of(job)
             .get_or_create(&JobLabels {
                 job: job.label(),
                 outcome: outcome.label(),
@@ -129,7 +221,7 @@ impl MemoryMetrics {
     }
 
     pub fn jobs(&self, job: Job, outcome: JobOutcome) -> u64 {
-        self.jobs
+        self.jobs_of(job)
             .get_or_create(&JobLabels {
                 job: job.label(),
                 outcome: outcome.label(),
@@ -137,8 +229,21 @@ impl MemoryMetrics {
             .get()
     }
 
-    pub fn call(&self, took: Duration) {
-        self.job_seconds.observe(took.as_secs_f64());
+    pub fn call(&self, job: Job, took: Duration) {
+        let h = if job.long_term() {
+            &self.long_term_seconds
+        } else {
+            &self.job_seconds
+        };
+        h.observe(took.as_secs_f64());
+    }
+
+    pub fn records(&self, change: RecordChange, n: usize) {
+        self.records
+            .get_or_create(&ChangeLabels {
+                change: change.label(),
+            })
+            .inc_by(n as u64);
     }
 
     /// A turn's window: `lag` uncovered messages outside it, `saved` tokens,

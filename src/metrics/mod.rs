@@ -20,7 +20,7 @@ mod cause;
 mod memory;
 
 pub use cause::Cause;
-pub use memory::{Job, JobOutcome, MemoryMetrics};
+pub use memory::{Job, JobOutcome, MemoryMetrics, RecordChange};
 
 use crate::memory::reconcile::Rewrite;
 use crate::memory::window::{TrimReason, TrimScope};

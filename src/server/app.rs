@@ -1,7 +1,9 @@
 //! The application: shared state, the router with its layers, and serving.
 
-use crate::store::Notes;
-use crate::summarizer::{Summarizer, UpstreamModel};
+use crate::long_term::{LongTerm, Parts};
+use crate::models::{UpstreamChat, UpstreamEmbedding};
+use crate::store::{Notes, Records};
+use crate::summarizer::Summarizer;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +50,42 @@ pub struct App {
     pub summarizer: Option<Arc<Summarizer>>,
     /// Users' carried notes.
     pub notes: Arc<Notes>,
+    /// Users' long-term records (kept whether `[long_term]` is on or not,
+    /// so that a user's memory can be read and deleted either way).
+    pub records: Arc<Records>,
+    /// Long-term memory's models and jobs, with `[long_term] enabled`.
+    pub long_term: Option<Arc<LongTerm>>,
+}
+
+/// Long-term memory, when enabled (validation made sure both its models
+/// are routed).
+fn long_term(
+    config: &Config,
+    upstreams: &Upstreams,
+    policy: &Policy,
+    records: &Arc<Records>,
+    metrics: &Arc<Metrics>,
+) -> Option<Arc<LongTerm>> {
+    let c = &config.long_term;
+    if !c.enabled {
+        return None;
+    }
+    let (extract, embed) = (c.extract_model.as_ref()?, c.embedding_model.as_ref()?);
+    let parts = Parts {
+        chat: Arc::new(UpstreamChat {
+            upstream: Arc::clone(upstreams.route(extract)?),
+            model: extract.clone(),
+        }),
+        embedder: Arc::new(UpstreamEmbedding {
+            upstream: Arc::clone(upstreams.route(embed)?),
+            model: embed.clone(),
+        }),
+        records: Arc::clone(records),
+        storage: Arc::clone(&policy.storage),
+        clock: policy.clock.clone(),
+        metrics: Arc::clone(metrics),
+    };
+    Some(Arc::new(LongTerm::new(c.clone(), parts)))
 }
 
 impl App {
@@ -86,6 +124,7 @@ impl App {
         let policy = Arc::new(Policy {
             history: config.history.clone(),
             memory: config.memory.clone(),
+            long_term: config.long_term.clone(),
             on_new_request: config.interruption.on_new_request,
             metrics: Arc::clone(&metrics),
             notifier: Arc::clone(&notifier),
@@ -95,6 +134,7 @@ impl App {
         let unstored = Arc::new(Policy {
             history: config.history.clone(),
             memory: config.memory.clone(),
+            long_term: config.long_term.clone(),
             on_new_request: config.interruption.on_new_request,
             metrics: Arc::clone(&metrics),
             notifier: Arc::new(LogOnly),
@@ -118,7 +158,7 @@ impl App {
             .filter(|_| config.memory.uses_model())
             .and_then(|model| {
                 let upstream = Arc::clone(upstreams.route(model)?);
-                let model = Arc::new(UpstreamModel {
+                let model = Arc::new(UpstreamChat {
                     upstream,
                     model: model.clone(),
                 });
@@ -128,6 +168,8 @@ impl App {
                     Arc::clone(&metrics),
                 )))
             });
+        let records: Arc<Records> = Arc::default();
+        let long_term = long_term(&config, &upstreams, &policy, &records, &metrics);
         let limit = config.server.max_concurrent_upstream;
         let upstream_slots = (limit > 0).then(|| Arc::new(tokio::sync::Semaphore::new(limit)));
         let app = Arc::new(Self {
@@ -146,6 +188,8 @@ impl App {
             instructions,
             summarizer,
             notes: Arc::default(),
+            records,
+            long_term,
         });
         // Another replica asks for this one's reply in flight to stop.
         let weak = Arc::downgrade(&app);

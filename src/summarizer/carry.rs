@@ -84,7 +84,10 @@ async fn carry(summarizer: &Summarizer, keep: &Keep, left: &Leftover) -> Result<
             .is_some_and(|n| n.forgotten && n.at_ms >= left.began_ms)
         {
             // Deleted while this session lived: what it holds is older.
-            summarizer.metrics.memory.job(Job::Note, JobOutcome::Stale);
+            summarizer
+                .metrics()
+                .memory
+                .job(Job::Note, JobOutcome::Stale);
             return Ok(());
         }
         let text = summarizer
@@ -105,9 +108,15 @@ async fn carry(summarizer: &Summarizer, keep: &Keep, left: &Leftover) -> Result<
             .put(&keep.storage, &left.user, &note)
             .durable()
             .await?;
-        summarizer.metrics.memory.job(Job::Note, JobOutcome::Stored);
+        summarizer
+            .metrics()
+            .memory
+            .job(Job::Note, JobOutcome::Stored);
         return Ok(());
     }
-    summarizer.metrics.memory.job(Job::Note, JobOutcome::Stale);
+    summarizer
+        .metrics()
+        .memory
+        .job(Job::Note, JobOutcome::Stale);
     Ok(())
 }

@@ -3,34 +3,27 @@
 //! under a global limit (`summary_concurrency`), with a timeout per call
 //! and attempts with a doubling pause between them. Only what the model
 //! answered, and what `summary::accept` takes for a summary, is returned.
-//! The model itself is behind `SummaryModel`: the configured upstream in
+//! The model itself is behind `ChatModel`: the configured upstream in
 //! the server, a script in the tests.
 
 pub mod carry;
-mod model;
 
-pub use model::{ModelError, SummaryModel, UpstreamModel};
+pub use crate::models::{ChatModel, ModelError, UpstreamChat};
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use tokio::sync::Semaphore;
+use std::time::Duration;
 
 use crate::config::MemoryConfig;
 use crate::memory::message::Message;
 use crate::memory::summary::{self, Fold};
 use crate::memory::tokens::Encoding;
-use crate::metrics::{Job, JobOutcome, Metrics};
-
-/// The first pause after a failed attempt; it doubles, up to `MAX_PAUSE`.
-const FIRST_PAUSE: Duration = Duration::from_millis(500);
-const MAX_PAUSE: Duration = Duration::from_secs(10);
+use crate::metrics::{Job, Metrics};
+use crate::models::{Runner, RunnerLimits};
 
 pub struct Summarizer {
-    model: Arc<dyn SummaryModel>,
+    model: Arc<dyn ChatModel>,
     config: MemoryConfig,
-    permits: Semaphore,
-    metrics: Arc<Metrics>,
+    runner: Runner,
 }
 
 /// What a fold's model wrote, and what the messages it read cost.
@@ -41,12 +34,16 @@ pub struct Written {
 }
 
 impl Summarizer {
-    pub fn new(config: MemoryConfig, model: Arc<dyn SummaryModel>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: MemoryConfig, model: Arc<dyn ChatModel>, metrics: Arc<Metrics>) -> Self {
+        let limits = RunnerLimits {
+            concurrency: config.summary_concurrency,
+            timeout: Duration::from_secs(config.summary_timeout_secs),
+            attempts: config.summary_attempts,
+        };
         Self {
-            permits: Semaphore::new(config.summary_concurrency.max(1)),
+            runner: Runner::new(limits, metrics),
             model,
             config,
-            metrics,
         }
     }
 
@@ -93,37 +90,16 @@ impl Summarizer {
         messages: Vec<serde_json::Value>,
         max_chars: usize,
     ) -> Result<String, ModelError> {
-        let attempts = self.config.summary_attempts.max(1);
-        let timeout = Duration::from_secs(self.config.summary_timeout_secs);
-        let mut pause = FIRST_PAUSE;
-        let mut attempt = 1;
-        loop {
-            let answer = {
-                // The semaphore is never closed.
-                let _permit = self.permits.acquire().await.ok();
-                let started = Instant::now();
-                let answer = tokio::time::timeout(timeout, self.model.complete(messages.clone()))
-                    .await
-                    .unwrap_or(Err(ModelError::Timeout(timeout.as_secs())));
-                self.metrics.memory.call(started.elapsed());
-                answer
-            };
-            let kept = answer.and_then(|a| summary::accept(&a, max_chars).map_err(Into::into));
-            match kept {
-                Ok(text) => return Ok(text),
-                Err(e) => {
-                    self.metrics.memory.job(job, JobOutcome::Failed);
-                    tracing::warn!(?job, attempt, error = %e, "the summary model failed");
-                    if attempt >= attempts {
-                        self.metrics.memory.job(job, JobOutcome::GaveUp);
-                        return Err(e);
-                    }
-                }
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_PAUSE);
-            attempt += 1;
-        }
+        self.runner
+            .run(job, || async {
+                let answer = self.model.complete(messages.clone()).await?;
+                Ok(summary::accept(&answer, max_chars)?)
+            })
+            .await
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.runner.metrics
     }
 }
 

@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::memory::message::Role;
+use crate::metrics::JobOutcome;
 
 /// Answers from a script, one entry per call (the last repeats), and
 /// counts the calls and the most that ran at once.
@@ -29,7 +30,7 @@ impl Scripted {
     }
 }
 
-impl SummaryModel for Scripted {
+impl ChatModel for Scripted {
     fn name(&self) -> &str {
         "scripted"
     }
@@ -138,9 +139,9 @@ async fn jobs_run_at_most_summary_concurrency_at_once() {
 #[test]
 fn only_a_completions_text_is_an_answer() {
     let ok = br#"{"choices": [{"message": {"role": "assistant", "content": "Ada."}}]}"#;
-    assert_eq!(model::answer_text(ok).unwrap(), "Ada.");
+    assert_eq!(crate::models::answer_text(ok).unwrap(), "Ada.");
     let null = br#"{"choices": [{"message": {"content": null}}]}"#;
-    assert_eq!(model::answer_text(null).unwrap(), "");
-    assert!(model::answer_text(b"not json").is_err());
-    assert!(model::answer_text(br#"{"choices": [{"message": {"content": 3}}]}"#).is_err());
+    assert_eq!(crate::models::answer_text(null).unwrap(), "");
+    assert!(crate::models::answer_text(b"not json").is_err());
+    assert!(crate::models::answer_text(br#"{"choices": [{"message": {"content": 3}}]}"#).is_err());
 }

@@ -123,9 +123,31 @@ pub fn fold_answer(request: &Value) -> String {
     format!("Known: {}", known.join(" | "))
 }
 
+/// The model names the long-term tests route to this mock as their
+/// extract and embedding models: answered by `LongTermMode`s, not the
+/// script, with recall's own mock answers (`recall::proxy::mock::embed`).
+pub const EXTRACTOR: &str = "extractor";
+pub const EMBEDDER: &str = "embedder";
+
+/// How requests for `EXTRACTOR` or `EMBEDDER` are answered.
+#[derive(Clone, Debug, Default)]
+pub enum LongTermMode {
+    /// The user's statements as facts; the mock's embeddings.
+    #[default]
+    Echo,
+    /// The same, after a delay.
+    Slow(Duration),
+    /// This status, with an error body.
+    Fail(u16),
+    /// This text as the extraction answer (embeddings as `Echo`).
+    Text(String),
+}
+
 #[derive(Default)]
 struct MockState {
     summary_mode: Mutex<SummaryMode>,
+    extract_mode: Mutex<LongTermMode>,
+    embed_mode: Mutex<LongTermMode>,
     script: Mutex<VecDeque<Reply>>,
     received: Mutex<Vec<Received>>,
     /// Streams whose body was dropped before its last chunk was written.
@@ -198,6 +220,37 @@ impl MockUpstream {
         *self.state.summary_mode.lock().unwrap() = mode;
     }
 
+    /// How requests for `EXTRACTOR` are answered from now on.
+    pub fn extractions(&self, mode: LongTermMode) {
+        *self.state.extract_mode.lock().unwrap() = mode;
+    }
+
+    /// How `/embeddings` requests are answered from now on.
+    pub fn embeddings(&self, mode: LongTermMode) {
+        *self.state.embed_mode.lock().unwrap() = mode;
+    }
+
+    /// The chat requests of clients' turns: not the summary or extract
+    /// model's, nor embeddings.
+    pub fn turns(&self) -> Vec<Received> {
+        self.received()
+            .into_iter()
+            .filter(|r| {
+                r.path.ends_with("/chat/completions")
+                    && r.body["model"] != SUMMARIZER
+                    && r.body["model"] != EXTRACTOR
+            })
+            .collect()
+    }
+
+    /// The requests for `EXTRACTOR`.
+    pub fn extraction_requests(&self) -> Vec<Received> {
+        self.received()
+            .into_iter()
+            .filter(|r| r.body["model"] == EXTRACTOR)
+            .collect()
+    }
+
     /// The requests for `SUMMARIZER`, and the others.
     pub fn split(&self) -> (Vec<Received>, Vec<Received>) {
         self.received()
@@ -235,6 +288,63 @@ impl Drop for Open {
     }
 }
 
+/// The answer to an extraction or embeddings request, per its mode.
+async fn long_term_answer(state: &MockState, path: &str, body: &Value) -> Option<Response> {
+    let embeddings = path.ends_with("/embeddings");
+    let mode = if embeddings {
+        state.embed_mode.lock().unwrap().clone()
+    } else if body["model"] == EXTRACTOR {
+        state.extract_mode.lock().unwrap().clone()
+    } else {
+        return None;
+    };
+    match &mode {
+        LongTermMode::Slow(d) => tokio::time::sleep(*d).await,
+        LongTermMode::Fail(status) => {
+            let error =
+                json!({"error": {"message": "long-term model down", "type": "server_error"}});
+            return Some(json_response(*status, error, &[]));
+        }
+        _ => {}
+    }
+    if embeddings {
+        let inputs: Vec<String> = match &body["input"] {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(a) => a
+                .iter()
+                .map(|v| v.as_str().unwrap_or_default().to_owned())
+                .collect(),
+            _ => Vec::new(),
+        };
+        let data: Vec<Value> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": recall::proxy::mock::embed::embedding(t)}))
+            .collect();
+        let body = json!({"object": "list", "data": data, "model": EMBEDDER,
+                          "usage": {"prompt_tokens": 1, "total_tokens": 1}});
+        return Some(json_response(200, body, &[]));
+    }
+    let asked = body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    let answer = match mode {
+        LongTermMode::Text(t) => t,
+        _ => recall::proxy::mock::embed::facts(asked),
+    };
+    let Reply::Json {
+        status,
+        body,
+        headers,
+    } = completion(&answer)
+    else {
+        unreachable!()
+    };
+    Some(json_response(status, body, &headers))
+}
+
 async fn mock_handler(
     State(state): State<Arc<MockState>>,
     uri: Uri,
@@ -245,11 +355,15 @@ async fn mock_handler(
     let n = state.calls.fetch_add(1, Ordering::SeqCst) + 1;
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let summary_request = (body["model"] == SUMMARIZER).then(|| body.clone());
+    let body_copy = body.clone();
     state.received.lock().unwrap().push(Received {
         path: uri.path().to_owned(),
         headers,
         body,
     });
+    if let Some(response) = long_term_answer(&state, uri.path(), &body_copy).await {
+        return response;
+    }
     if let Some(request) = summary_request {
         let mode = state.summary_mode.lock().unwrap().clone();
         let answer = match mode {

@@ -200,16 +200,18 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
     let now = app.policy.clock.now_ms();
 
     let fallback = app.upstreams.fallback_of(&upstream).cloned();
-    let note_user = user
+    let memory_user = user
         .as_deref()
-        .filter(|_| app.config.memory.carry_over)
+        .filter(|_| app.config.memory.carry_over || app.config.long_term.enabled)
         .map(|u| access.internal(u).into_owned());
+    // The user's long-term facts this turn sends, if any.
+    let mut facts = None;
     let (prepared, flight, ran_in) = match session {
         Some(target) => {
             let turn = session::TurnRequest {
                 incoming: &conversation,
                 user: user.as_deref(),
-                note_user: note_user.as_deref(),
+                memory_user: memory_user.as_deref(),
                 encoding: token_encoding(app, &model).await,
                 now_ms: now,
                 retrying: retrying(&headers),
@@ -222,6 +224,8 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
             if let Some(fold) = prepared.fold.take() {
                 crate::api::memory::start_fold(app, &ran_in, fold);
             }
+            let due = std::mem::take(&mut prepared.long_term);
+            facts = crate::api::memory::long_term::for_turn(app, &ran_in, due).await;
             // The upstream call does not wait for the user's message to be
             // stored: the two overlap, and the reply's end (what tells the
             // client the turn happened) waits for both.
@@ -263,6 +267,7 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
             &app.config.memory,
             &remembered,
         ))
+        .chain(facts)
         .chain(instructions)
         .collect();
 

@@ -144,7 +144,9 @@ async fn open_in(
         };
         if created {
             app.session_created();
-            if let (Some(key), Some(user)) = (turn.note_user, turn.user) {
+            if let (Some(key), Some(user), true) =
+                (turn.memory_user, turn.user, app.config.memory.carry_over)
+            {
                 crate::api::memory::carry_in(app, &session, key, user).await;
             }
         }

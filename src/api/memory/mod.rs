@@ -1,10 +1,14 @@
 //! Memory beyond the window, at the edge: the summary and the carried note
 //! as the system messages a turn sends, the folds that run in the
 //! background, and the session API's `summary` and `summarize`; users'
-//! notes are in `users`.
+//! notes are in `users`, long-term memory in a turn in `long_term`, and
+//! its records API in `records`.
 
+pub(crate) mod long_term;
+mod records;
 mod users;
 
+pub use records::{add_record, delete_record, extract, get_record, list_records, search_records};
 pub use users::{delete_user_memory, get_user_memory, put_user_memory};
 
 use std::sync::Arc;

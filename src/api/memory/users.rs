@@ -1,5 +1,6 @@
 //! `/v1/users/{user}/memory`: a user's carried note, read, set and
-//! forgotten (everywhere), within the caller's tenant.
+//! forgotten (everywhere, with their long-term records), within the
+//! caller's tenant.
 
 use std::sync::Arc;
 
@@ -147,10 +148,16 @@ pub async fn delete_user_memory(
             Err(e) => return Err(e),
         }
     }
-    if !had && sessions == 0 {
+    // Long-term records, whether `[long_term]` is on now or not: they may
+    // be from when it was.
+    let records = app
+        .records
+        .forget(storage, &user.key, app.policy.clock.now_ms())
+        .await?;
+    if !had && sessions == 0 && records == 0 {
         return Err(no_note(&user));
     }
-    Ok(Json(
-        json!({"user": user.name, "deleted": true, "sessions": sessions}),
-    ))
+    Ok(Json(json!({
+        "user": user.name, "deleted": true, "sessions": sessions, "records": records,
+    })))
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::long_term::Recall;
 use super::state::State;
 use super::{Policy, Refused, Session};
 use crate::config::OnNewRequest;
@@ -30,6 +31,9 @@ pub struct Overview {
     /// The note carried in from the user's last session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub carried_note: Option<String>,
+    /// The user's long-term facts its next turn sends (`Recall`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recalled: Option<Recall>,
 }
 
 /// A summary as the session API shows it.
@@ -45,6 +49,7 @@ impl Overview {
         Overview {
             summary: shown(&l.meta.remembered),
             carried_note: l.meta.remembered.carried.clone(),
+            recalled: None,
             id: l.id,
             message_count: l.message_count,
             turn_id: l.meta.turn_id,
@@ -78,6 +83,9 @@ pub struct Ended {
     pub remembered: Remembered,
     /// The sequence number of `contents[0]`.
     pub first_seq: u64,
+    /// Messages from this sequence number on were not extracted into its
+    /// user's long-term memory.
+    pub extracted_until: u64,
 }
 
 /// Messages appended through an API, as stored, and the sequence number
@@ -94,6 +102,7 @@ impl Session {
         Overview {
             summary: shown(&st.remembered),
             carried_note: st.remembered.carried.clone(),
+            recalled: st.long_term.shown(),
             id: self.id.clone(),
             message_count: st.messages.len(),
             turn_id: st.turn_id,
@@ -253,6 +262,7 @@ impl Session {
             contents: st.replace_messages(Vec::new()),
             remembered: st.remembered.clone(),
             first_seq: st.first_seq,
+            extracted_until: st.long_term.extracted_until(),
         };
         let ticket = if policy.storage.persistent() {
             // Expected: a session another replica went on with is not

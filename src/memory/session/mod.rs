@@ -21,6 +21,7 @@
 
 mod admin;
 mod items;
+mod long_term;
 mod persist;
 mod record;
 mod remember;
@@ -33,6 +34,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use admin::{Appended, EndWhen, Ended, Overview};
+pub use long_term::{ExtractNow, Extraction, LongTermDue, Query, Recall};
 pub use record::Interrupted;
 pub use remember::{Applied, FoldNow};
 pub use reply::Reply;
@@ -42,7 +44,7 @@ pub use turn::{Joins, Prepared, Refused, TurnRequest};
 use state::State;
 
 use crate::clock::Clock;
-use crate::config::{HistoryConfig, MemoryConfig, OnNewRequest};
+use crate::config::{HistoryConfig, LongTermConfig, MemoryConfig, OnNewRequest};
 use crate::memory::message::Message;
 use crate::metrics::Metrics;
 use crate::store::{Loaded, Meta, Storage};
@@ -80,6 +82,8 @@ pub struct Policy {
     pub history: HistoryConfig,
     /// The running summary and carry-over (`[memory]`).
     pub memory: MemoryConfig,
+    /// Long-term memory (`[long_term]`).
+    pub long_term: LongTermConfig,
     pub on_new_request: OnNewRequest,
     pub metrics: Arc<Metrics>,
     pub notifier: Arc<dyn Notifier>,

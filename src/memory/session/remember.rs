@@ -265,6 +265,7 @@ impl Session {
         }
         st.remembered.carried = None;
         st.remembered.forgotten = true;
+        st.long_term.forget();
         st.meta_changed();
         Ok((true, self.persist(&mut st, policy, Vec::new())))
     }

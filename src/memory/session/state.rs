@@ -10,6 +10,16 @@ use crate::memory::message::Message;
 use crate::memory::summary::{Folded, Remembered};
 use crate::store::{Claim, Loaded, Meta};
 
+use super::long_term::LongTermState;
+
+/// What a session's state holds of this process's work, not stored.
+pub(super) struct Unstored {
+    folding: bool,
+    fold_after_ms: i64,
+    pending: Option<Folded>,
+    long_term: LongTermState,
+}
+
 pub(super) struct State {
     pub(super) turn_id: u64,
     /// Shared, so that a window or a storage op is a pointer copy and
@@ -36,6 +46,8 @@ pub(super) struct State {
     pub(super) fold_after_ms: i64,
     /// A fold's answer waiting for a turn's lease to be stored.
     pub(super) pending: Option<Folded>,
+    /// The user's long-term facts this session sends, and its extraction.
+    pub(super) long_term: LongTermState,
     /// Set when the session ends; a request still holding it starts anew.
     pub(super) ended: bool,
     pub(super) incarnation: u64,
@@ -111,6 +123,7 @@ impl State {
             folding: false,
             fold_after_ms: 0,
             pending: None,
+            long_term: LongTermState::default(),
             ended: false,
             incarnation: next_incarnation(),
             window_from: meta.first_seq,
@@ -157,17 +170,21 @@ impl State {
 
     /// What this process is doing about the running summary: kept across
     /// a reload from storage (`resume_folds`).
-    pub(super) fn folds(&mut self) -> (bool, i64, Option<Folded>) {
-        (self.folding, self.fold_after_ms, self.pending.take())
+    /// And so is what it holds of long-term memory.
+    pub(super) fn folds(&mut self) -> Unstored {
+        Unstored {
+            folding: self.folding,
+            fold_after_ms: self.fold_after_ms,
+            pending: self.pending.take(),
+            long_term: std::mem::take(&mut self.long_term),
+        }
     }
 
-    pub(super) fn resume_folds(
-        &mut self,
-        (folding, after_ms, pending): (bool, i64, Option<Folded>),
-    ) {
-        self.folding = folding;
-        self.fold_after_ms = after_ms;
-        self.pending = pending;
+    pub(super) fn resume_folds(&mut self, kept: Unstored) {
+        self.folding = kept.folding;
+        self.fold_after_ms = kept.fold_after_ms;
+        self.pending = kept.pending;
+        self.long_term = kept.long_term;
     }
 
     /// Makes user `key` the one the session is carried into when it ends,

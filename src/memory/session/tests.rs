@@ -25,6 +25,7 @@ async fn policy(name: &str) -> Policy {
     Policy {
         history: HistoryConfig::default(),
         memory: Default::default(),
+        long_term: Default::default(),
         on_new_request: OnNewRequest::Interrupt,
         storage: Storage::open(&config, &metrics).await.unwrap(),
         metrics,

@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, MutexGuard};
 
+use super::long_term::LongTermDue;
 use super::state::State;
 use super::{shared, Policy, Reply, Session};
 use crate::config::OnNewRequest;
@@ -27,9 +28,10 @@ pub struct TurnRequest<'a> {
     /// The request's messages, instructions taken out.
     pub incoming: &'a [Message],
     pub user: Option<&'a str>,
-    /// With `[memory] carry_over`: the key of the user's carried note
-    /// (tenant-scoped), which the session's end folds into.
-    pub note_user: Option<&'a str>,
+    /// With `[memory] carry_over` or `[long_term]`: the user's key
+    /// (tenant-scoped): their note, which the session's end folds into,
+    /// and their long-term records.
+    pub memory_user: Option<&'a str>,
     /// How the model the turn is sent to counts tokens.
     pub encoding: Encoding,
     pub now_ms: i64,
@@ -80,6 +82,8 @@ pub struct Prepared {
     pub remembered: Remembered,
     /// A fold of the running summary due now, for the caller to start.
     pub fold: Option<Fold>,
+    /// The user's long-term facts to send, and the jobs due now.
+    pub long_term: LongTermDue,
 }
 
 impl Prepared {
@@ -96,6 +100,7 @@ impl Prepared {
             reply_seq: 0,
             remembered: Remembered::default(),
             fold: None,
+            long_term: LongTermDue::default(),
         }
     }
 }
@@ -154,7 +159,7 @@ impl Session {
                 st.meta_changed();
             }
         }
-        if let Some(key) = req.note_user {
+        if let Some(key) = req.memory_user {
             st.carried_into(key);
         }
         self.touch(req.now_ms);
@@ -272,7 +277,14 @@ impl Session {
         let from = st.messages.len();
         st.extend_messages(new);
         ops.extend((from..st.messages.len()).map(|i| self.push_op(st, i)));
+        let appended_seq = st.first_seq + from as u64;
         self.trim(st, policy, &mut ops);
+        let long_term = if policy.long_term.enabled {
+            let new_from = appended_seq.saturating_sub(st.first_seq) as usize;
+            self.long_term_due(st, policy.long_term.extract_every_turns, new_from)
+        } else {
+            LongTermDue::default()
+        };
 
         let limits = Limits::of(&policy.history, req.encoding);
         let reach = self.reach(st, policy);
@@ -304,6 +316,7 @@ impl Session {
             reply_seq: st.first_seq + st.messages.len() as u64,
             remembered: st.remembered.clone(),
             fold,
+            long_term,
         }
     }
 

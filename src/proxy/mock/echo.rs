@@ -33,6 +33,9 @@ pub fn reply(messages: &[Value]) -> String {
     if asked.contains(FOLD_HEADING) || asked.contains(CARRY_HEADING) {
         return summarize(&asked);
     }
+    if super::embed::is_extraction(&asked) {
+        return super::embed::facts(&asked);
+    }
     let said: Vec<String> = messages
         .iter()
         .filter(|m| role(m) == "user")

@@ -8,6 +8,7 @@
 //! interruptions and draining all run unchanged.
 
 pub(crate) mod echo;
+pub mod embed;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -150,6 +151,7 @@ fn router(kind: MockKind, pace: Pace) -> Router {
     });
     Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/v1/models/{*model}", get(model))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "the echo mock has no such route") })
@@ -175,6 +177,38 @@ fn error(status: StatusCode, message: &str) -> Response {
     let body = json!({"error": {"message": message, "type": "invalid_request_error",
                                 "param": null, "code": null}});
     (status, axum::Json(body)).into_response()
+}
+
+/// `/v1/embeddings`: `input` a string or a list of them; the mock's
+/// embeddings (`embed::embedding`) as floats.
+async fn embeddings(body: Bytes) -> Response {
+    let Ok(request) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
+    };
+    let inputs: Vec<&str> = match &request["input"] {
+        Value::String(s) => vec![s.as_str()],
+        Value::Array(list) if list.iter().all(Value::is_string) => {
+            list.iter().filter_map(Value::as_str).collect()
+        }
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "`input` must be a string or a list of strings",
+            )
+        }
+    };
+    let words: usize = inputs.iter().map(|t| echo::words(t)).sum();
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": embed::embedding(t)}))
+        .collect();
+    axum::Json(json!({
+        "object": "list", "data": data,
+        "model": request["model"].as_str().unwrap_or(MODEL_ID),
+        "usage": {"prompt_tokens": words, "total_tokens": words},
+    }))
+    .into_response()
 }
 
 async fn chat(State(echo): State<Arc<Echo>>, body: Bytes) -> Response {

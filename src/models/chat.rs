@@ -1,5 +1,7 @@
-//! The summary model: `SummaryModel`, and its implementation over a
-//! configured upstream (a plain, non-streaming chat completion).
+//! A chat model recall asks for itself (summaries, notes, facts):
+//! `ChatModel`, and its implementation over a configured upstream (a
+//! plain, non-streaming chat completion). `ModelError` is why any of
+//! recall's own model calls gave nothing.
 
 use std::sync::Arc;
 
@@ -9,25 +11,30 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use crate::error::UpstreamError;
+use crate::memory::long_term::Malformed;
 use crate::memory::summary::Rejected;
 use crate::proxy::upstream::Upstream;
 
-/// Longest answer body read from the summary model.
-const MAX_BODY: usize = 1024 * 1024;
+/// Longest answer body read from a model.
+pub(super) const MAX_BODY: usize = 1024 * 1024;
 
-/// Why the summary model gave no summary.
+/// Why a model recall called for itself gave nothing usable.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
-    #[error("the summary model answered {status}: {message}")]
+    #[error("the model answered {status}: {message}")]
     Status { status: u16, message: String },
-    #[error("the summary model did not answer within {0} s")]
+    #[error("the model did not answer within {0} s")]
     Timeout(u64),
-    #[error("the summary model's answer is not a chat completion: {0}")]
+    #[error("the model's answer is not a chat completion: {0}")]
     NotACompletion(String),
+    #[error("the model's answer is not a list of embeddings: {0}")]
+    NotEmbeddings(String),
     #[error(transparent)]
     Rejected(#[from] Rejected),
+    #[error(transparent)]
+    Malformed(#[from] Malformed),
 }
 
 impl From<ModelError> for crate::error::ApiError {
@@ -37,18 +44,18 @@ impl From<ModelError> for crate::error::ApiError {
 }
 
 /// A chat model that answers a list of messages with text.
-pub trait SummaryModel: Send + Sync {
+pub trait ChatModel: Send + Sync {
     fn name(&self) -> &str;
     fn complete(&self, messages: Vec<Value>) -> BoxFuture<'_, Result<String, ModelError>>;
 }
 
 /// The summary model as an upstream serves it.
-pub struct UpstreamModel {
+pub struct UpstreamChat {
     pub upstream: Arc<Upstream>,
     pub model: String,
 }
 
-impl SummaryModel for UpstreamModel {
+impl ChatModel for UpstreamChat {
     fn name(&self) -> &str {
         &self.model
     }
@@ -76,7 +83,10 @@ impl SummaryModel for UpstreamModel {
     }
 }
 
-async fn read(upstream: &Upstream, resp: reqwest::Response) -> Result<Vec<u8>, ModelError> {
+pub(super) async fn read(
+    upstream: &Upstream,
+    resp: reqwest::Response,
+) -> Result<Vec<u8>, ModelError> {
     let mut body = upstream.body(resp);
     let mut all = Vec::new();
     while let Some(piece) = body.next().await {
@@ -92,7 +102,7 @@ async fn read(upstream: &Upstream, resp: reqwest::Response) -> Result<Vec<u8>, M
 }
 
 /// The text of a chat completion's first choice.
-pub(super) fn answer_text(body: &[u8]) -> Result<String, ModelError> {
+pub(crate) fn answer_text(body: &[u8]) -> Result<String, ModelError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| ModelError::NotACompletion(e.to_string()))?;
     match &v["choices"][0]["message"]["content"] {
@@ -104,7 +114,7 @@ pub(super) fn answer_text(body: &[u8]) -> Result<String, ModelError> {
     }
 }
 
-fn error_message(body: &[u8]) -> String {
+pub(super) fn error_message(body: &[u8]) -> String {
     serde_json::from_slice::<Value>(body)
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))

@@ -1,0 +1,60 @@
+//! Long-term memory in a turn: the facts it sends (the session's last
+//! search, its user's newest records at first, or with `retrieve =
+//! "inline"` a search within `inline_timeout_ms`), and the jobs it starts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Retrieve;
+use crate::long_term::jobs;
+use crate::memory::long_term as lt;
+use crate::memory::message::Message;
+use crate::memory::session::LongTermDue;
+use crate::server::app::App;
+
+/// The system message of the facts turn `due` of session `id` sends, if
+/// any; starts the extraction and the search it leaves.
+pub(crate) async fn for_turn(app: &Arc<App>, id: &str, due: LongTermDue) -> Option<Message> {
+    let long_term = app.long_term.as_ref()?;
+    let user = due.user?;
+    let session = app.sessions.get(id)?;
+    if let Some(ex) = due.extract {
+        drop(jobs::extract(
+            Arc::clone(long_term),
+            Some(Arc::clone(&session)),
+            ex,
+        ));
+    }
+    let mut facts = due.facts;
+    if facts.is_none() {
+        // A session's first turn here: a read of the user's records, which
+        // a process serves from its cache once it has read them.
+        match long_term.recent(&user).await {
+            Ok(recent) => session.start_recalled(recent),
+            Err(e) => tracing::warn!(error = %e, "the user's records could not be read"),
+        }
+        facts = session.recalled_facts();
+    }
+    if let Some(query) = due.query {
+        let config = &long_term.config;
+        let found = if config.retrieve == Retrieve::Inline {
+            let within = Duration::from_millis(config.inline_timeout_ms);
+            tokio::time::timeout(within, long_term.recall(&user, &query))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        } else {
+            None
+        };
+        match found {
+            Some(found) => {
+                session.recalled(query.for_seq, found);
+                facts = session.recalled_facts();
+            }
+            // Prefetch, or inline too slow: the search runs on, for the
+            // next turn.
+            None => jobs::recall(Arc::clone(long_term), Arc::clone(&session), user, query),
+        }
+    }
+    lt::facts_message(&long_term.config.template, facts.as_deref()?)
+}

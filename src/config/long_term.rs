@@ -1,0 +1,196 @@
+//! `[long_term]`: long-term memory per user (seed 002). Facts extracted
+//! from conversations in the background, stored with embeddings, and
+//! recalled by meaning into later turns and sessions.
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_NAMESPACE: &str = "/strategies/{strategy}/users/{user}";
+
+pub const SEMANTIC_PROMPT: &str = "You keep long-term memory about a user. From the \
+conversation below, extract the facts about the user that will still be true and useful \
+in a later conversation: who they are, where they live, what they do, what they own, \
+their health, their family, their plans. Leave out what is only about this conversation.";
+
+pub const USER_PREFERENCE_PROMPT: &str = "You keep long-term memory about a user. From the \
+conversation below, extract the user's preferences: what they like and dislike, their \
+habits, the choices they made and how they want to be answered.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StrategyType {
+    Semantic,
+    UserPreference,
+    Custom,
+}
+
+/// `[[long_term.strategies]]`: one kind of fact, with its own prompt and
+/// its own namespace of records.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Strategy {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: StrategyType,
+    /// Required for `custom`; replaces the built-in one otherwise.
+    pub prompt: Option<String>,
+    /// `{strategy}`, `{user}` and `{session}` are filled in.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+}
+
+fn default_namespace() -> String {
+    DEFAULT_NAMESPACE.into()
+}
+
+impl Strategy {
+    /// What the extract model is told to look for.
+    pub fn prompt(&self) -> &str {
+        match (&self.prompt, self.kind) {
+            (Some(p), _) => p,
+            (None, StrategyType::UserPreference) => USER_PREFERENCE_PROMPT,
+            (None, _) => SEMANTIC_PROMPT,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Retrieve {
+    /// The result of the search started after the last user message.
+    Prefetch,
+    /// A search before the upstream call, within `inline_timeout_ms`.
+    Inline,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LongTermConfig {
+    pub enabled: bool,
+    /// The model that extracts facts, routed like any other.
+    pub extract_model: Option<String>,
+    /// The model that embeds facts and queries, called on its upstream's
+    /// `/v1/embeddings`.
+    pub embedding_model: Option<String>,
+    /// None: one `semantic` strategy.
+    pub strategies: Vec<Strategy>,
+    /// Extraction runs every this many turns, and when a session ends.
+    pub extract_every_turns: usize,
+    /// A fact this close (cosine) to a record of its namespace updates it.
+    pub merge_threshold: f32,
+    /// Records sent with a turn, at most.
+    pub limit: usize,
+    /// ... each scoring at least this (cosine similarity to the query).
+    pub score_threshold: f32,
+    /// `{facts}` is replaced by the records, one per line.
+    pub template: String,
+    pub retrieve: Retrieve,
+    pub inline_timeout_ms: u64,
+    /// The least recently used records of a fuller user go first.
+    pub max_records_per_user: usize,
+    /// Model calls of long-term jobs running at once, over all sessions.
+    pub concurrency: usize,
+    /// How long one model call may take.
+    pub timeout_secs: u64,
+    /// Attempts of a job before it gives up.
+    pub attempts: u32,
+}
+
+impl Default for LongTermConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            extract_model: None,
+            embedding_model: None,
+            strategies: Vec::new(),
+            extract_every_turns: 3,
+            merge_threshold: 0.92,
+            limit: 5,
+            score_threshold: 0.5,
+            template: "Relevant facts about the user:\n{facts}".into(),
+            retrieve: Retrieve::Prefetch,
+            inline_timeout_ms: 300,
+            max_records_per_user: 1000,
+            concurrency: 4,
+            timeout_secs: 30,
+            attempts: 3,
+        }
+    }
+}
+
+impl LongTermConfig {
+    /// The configured strategies, or the default one.
+    pub fn strategies(&self) -> Vec<Strategy> {
+        if !self.strategies.is_empty() {
+            return self.strategies.clone();
+        }
+        vec![Strategy {
+            name: "semantic".into(),
+            kind: StrategyType::Semantic,
+            prompt: None,
+            namespace: default_namespace(),
+        }]
+    }
+
+    /// The failing key (within the section) and why; `served` says whether
+    /// an upstream serves a model.
+    pub(super) fn validate(&self, served: impl Fn(&str) -> bool) -> Result<(), (String, String)> {
+        let fail = |k: &str, m: String| Err((k.to_owned(), m));
+        if !self.enabled {
+            return Ok(());
+        }
+        for (key, model) in [
+            ("extract_model", &self.extract_model),
+            ("embedding_model", &self.embedding_model),
+        ] {
+            match model {
+                None => return fail(key, "must name a model (long_term is enabled)".into()),
+                Some(m) if !served(m) => {
+                    return fail(key, format!("({m:?}) is served by no upstream's `models`"))
+                }
+                Some(_) => {}
+            }
+        }
+        if !(0.0..=1.0).contains(&self.merge_threshold) {
+            return fail("merge_threshold", "must be between 0 and 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.score_threshold) {
+            return fail("score_threshold", "must be between 0 and 1".into());
+        }
+        if !(1..=200).contains(&self.limit) {
+            return fail("limit", "must be between 1 and 200".into());
+        }
+        if !self.template.contains("{facts}") {
+            return fail("template", "must contain {facts}".into());
+        }
+        for (key, value) in [
+            ("extract_every_turns", self.extract_every_turns),
+            ("max_records_per_user", self.max_records_per_user),
+            ("concurrency", self.concurrency),
+            ("timeout_secs", self.timeout_secs as usize),
+            ("attempts", self.attempts as usize),
+            ("inline_timeout_ms", self.inline_timeout_ms as usize),
+        ] {
+            if value == 0 {
+                return fail(key, "must be at least 1".into());
+            }
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for (i, s) in self.strategies.iter().enumerate() {
+            let key = format!("strategies[{i}]");
+            if s.name.trim().is_empty() || names.contains(&s.name.as_str()) {
+                return Err((key, "needs a name of its own".into()));
+            }
+            names.push(&s.name);
+            if s.kind == StrategyType::Custom && s.prompt.as_deref().is_none_or(str::is_empty) {
+                return Err((key, "of type custom needs a prompt".into()));
+            }
+            if !s.namespace.contains("{user}") {
+                return Err((
+                    key,
+                    "namespace must contain {user}: records are a user's".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

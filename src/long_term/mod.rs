@@ -1,0 +1,307 @@
+//! Long-term memory at the edge: a session's facts extracted into its
+//! user's records, and the records searched for a turn, off the hot path.
+//! The extract and embedding models are called through `models` (under
+//! the `Runner` the summaries use too), the records kept by
+//! `store::Records`; what to store, merge, rank and send is decided in
+//! `memory::long_term`. `jobs` runs both in the background for a session.
+
+pub mod jobs;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::config::{LongTermConfig, Strategy};
+use crate::memory::long_term::{self as lt, Fact, NewFact, Origin, Record};
+use crate::memory::session::{Extraction, Query};
+use crate::metrics::{Job, JobOutcome, RecordChange};
+use crate::models::{ChatModel, EmbeddingModel, ModelError, Runner, RunnerLimits};
+use crate::store::{Records, Storage, StorageError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LongTermError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl From<LongTermError> for crate::error::ApiError {
+    fn from(e: LongTermError) -> Self {
+        match e {
+            LongTermError::Model(e) => crate::error::ApiError::LongTermModel(e.to_string()),
+            LongTermError::Storage(e) => e.into(),
+        }
+    }
+}
+
+/// What an extraction did to its user's records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extracted {
+    pub facts: usize,
+    pub added: usize,
+    pub updated: usize,
+    pub evicted: usize,
+    /// The user's memory was deleted after the session began: nothing of
+    /// it was written back.
+    pub stale: bool,
+}
+
+/// The models, the records and the limits long-term memory works with.
+pub struct LongTerm {
+    pub config: LongTermConfig,
+    strategies: Vec<Strategy>,
+    chat: Arc<dyn ChatModel>,
+    embedder: Arc<dyn EmbeddingModel>,
+    runner: Runner,
+    pub records: Arc<Records>,
+    pub storage: Arc<Storage>,
+    clock: Clock,
+}
+
+/// A change of the records that met another one is planned again, this
+/// many times at most.
+const ATTEMPTS: usize = 5;
+
+pub struct Parts {
+    pub chat: Arc<dyn ChatModel>,
+    pub embedder: Arc<dyn EmbeddingModel>,
+    pub records: Arc<Records>,
+    pub storage: Arc<Storage>,
+    pub clock: Clock,
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl LongTerm {
+    pub fn new(config: LongTermConfig, parts: Parts) -> Self {
+        let limits = RunnerLimits {
+            concurrency: config.concurrency,
+            timeout: Duration::from_secs(config.timeout_secs),
+            attempts: config.attempts,
+        };
+        Self {
+            strategies: config.strategies(),
+            runner: Runner::new(limits, parts.metrics),
+            chat: parts.chat,
+            embedder: parts.embedder,
+            records: parts.records,
+            storage: parts.storage,
+            clock: parts.clock,
+            config,
+        }
+    }
+
+    pub fn strategies(&self) -> &[Strategy] {
+        &self.strategies
+    }
+
+    fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.runner.metrics
+    }
+
+    /// Extracts `ex`'s facts with every strategy and stores them. A
+    /// strategy that fails, or answers something that is not a list of
+    /// facts, fails the whole extraction: nothing is stored.
+    pub async fn extract(&self, ex: &Extraction) -> Result<Extracted, LongTermError> {
+        if !lt::worth_extracting(&ex.messages) {
+            return Ok(Extracted::default());
+        }
+        let mut found: Vec<(String, &Strategy, String)> = Vec::new();
+        for s in &self.strategies {
+            let prompt = lt::extract_prompt(s.prompt(), &ex.messages);
+            let facts = self
+                .runner
+                .run(Job::Extract, || async {
+                    let answer = self.chat.complete(prompt.clone()).await?;
+                    Ok(lt::facts(&answer)?)
+                })
+                .await;
+            let facts = match facts {
+                Ok(f) => f,
+                Err(e) => {
+                    if matches!(e, ModelError::Malformed(_)) {
+                        self.metrics()
+                            .memory
+                            .job(Job::Extract, JobOutcome::Malformed);
+                    }
+                    return Err(e.into());
+                }
+            };
+            let namespace = lt::namespace(&s.namespace, &s.name, &ex.user, &ex.session);
+            found.extend(facts.into_iter().map(|f| (f, s, namespace.clone())));
+        }
+        if found.is_empty() {
+            return Ok(Extracted::default());
+        }
+        let texts: Vec<String> = found.iter().map(|(t, ..)| t.clone()).collect();
+        let vectors = self.embed(Job::Extract, texts).await?;
+        let facts: Vec<NewFact> = found
+            .into_iter()
+            .zip(vectors)
+            .map(|((text, s, namespace), embedding)| NewFact {
+                text,
+                strategy: s.name.clone(),
+                namespace,
+                embedding,
+            })
+            .collect();
+        let stored = self
+            .store(&ex.user, &ex.session, ex.began_ms, facts)
+            .await?;
+        let outcome = if stored.stale {
+            JobOutcome::Stale
+        } else {
+            JobOutcome::Stored
+        };
+        self.metrics().memory.job(Job::Extract, outcome);
+        Ok(stored)
+    }
+
+    async fn embed(&self, job: Job, texts: Vec<String>) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.runner
+            .run(job, || self.embedder.embed(texts.clone()))
+            .await
+    }
+
+    /// Merges `facts` into `user`'s records, unless their memory was
+    /// deleted after `began_ms`.
+    pub async fn store(
+        &self,
+        user: &str,
+        session: &str,
+        began_ms: i64,
+        facts: Vec<NewFact>,
+    ) -> Result<Extracted, LongTermError> {
+        let n = facts.len();
+        for _ in 0..ATTEMPTS {
+            let held = self.records.of(&self.storage, user).await?;
+            if held.forgotten_at > 0 && held.forgotten_at >= began_ms {
+                return Ok(Extracted {
+                    facts: n,
+                    stale: true,
+                    ..Extracted::default()
+                });
+            }
+            let origin = Origin {
+                user,
+                session,
+                now_ms: self.clock.now_ms(),
+            };
+            let plan = lt::plan(
+                &held.records,
+                facts.clone(),
+                &origin,
+                self.config.merge_threshold,
+                self.config.max_records_per_user,
+                record_id,
+            );
+            let (added, updated, evicted) = (plan.added, plan.updated, plan.evicted);
+            let changed = self
+                .records
+                .change(&self.storage, user, held.version, plan.put, plan.remove)
+                .await?;
+            if changed {
+                let m = &self.metrics().memory;
+                m.records(RecordChange::Added, added);
+                m.records(RecordChange::Updated, updated);
+                m.records(RecordChange::Evicted, evicted);
+                return Ok(Extracted {
+                    facts: n,
+                    added,
+                    updated,
+                    evicted,
+                    stale: false,
+                });
+            }
+        }
+        Ok(Extracted {
+            facts: n,
+            stale: true,
+            ..Extracted::default()
+        })
+    }
+
+    /// Stores one fact given by hand (the records API), as an extraction
+    /// of `strategy` would.
+    pub async fn add(
+        &self,
+        user: &str,
+        text: String,
+        strategy: &Strategy,
+    ) -> Result<Extracted, LongTermError> {
+        let mut vectors = self.embed(Job::Extract, vec![text.clone()]).await?;
+        let embedding = vectors.pop().unwrap_or_default();
+        let fact = NewFact {
+            text,
+            strategy: strategy.name.clone(),
+            namespace: lt::namespace(&strategy.namespace, &strategy.name, user, ""),
+            embedding,
+        };
+        self.store(user, "", i64::MAX, vec![fact]).await
+    }
+
+    /// `user`'s records most like `query`, best first, each with its score.
+    pub async fn search(
+        &self,
+        user: &str,
+        query: &str,
+        limit: usize,
+        threshold: f32,
+        namespace: Option<&str>,
+    ) -> Result<Vec<(Record, f32)>, LongTermError> {
+        let mut vectors = self.embed(Job::Recall, vec![query.to_owned()]).await?;
+        let vector = vectors.pop().unwrap_or_default();
+        let held = self.records.of(&self.storage, user).await?;
+        let ranked = match namespace {
+            Some(ns) => {
+                let within: Vec<Record> = held
+                    .records
+                    .iter()
+                    .filter(|r| r.namespace == ns)
+                    .cloned()
+                    .collect();
+                owned(lt::rank(&within, &vector, limit, threshold))
+            }
+            None => owned(lt::rank(&held.records, &vector, limit, threshold)),
+        };
+        Ok(ranked)
+    }
+
+    /// The facts for the turn after `query`'s message, as configured; the
+    /// records sent are marked as recalled (for eviction).
+    pub async fn recall(&self, user: &str, query: &Query) -> Result<Vec<Fact>, LongTermError> {
+        let c = &self.config;
+        let found = self
+            .search(user, &query.text, c.limit, c.score_threshold, None)
+            .await?;
+        let ranked: Vec<(&Record, f32)> = found.iter().map(|(r, s)| (r, *s)).collect();
+        let facts = lt::recalled(&ranked);
+        if !facts.is_empty() {
+            let ids: Vec<String> = facts.iter().map(|f| f.id.clone()).collect();
+            let at = self.clock.now_ms();
+            if let Err(e) = self.records.recalled(&self.storage, user, &ids, at).await {
+                tracing::warn!(error = %e, "could not mark records as recalled");
+            }
+        }
+        self.metrics().memory.job(Job::Recall, JobOutcome::Stored);
+        Ok(facts)
+    }
+
+    /// A new session's facts: the user's newest records.
+    pub async fn recent(&self, user: &str) -> Result<Vec<Fact>, StorageError> {
+        let held = self.records.of(&self.storage, user).await?;
+        Ok(lt::recent(&held.records, self.config.limit))
+    }
+}
+
+fn owned(ranked: Vec<(&Record, f32)>) -> Vec<(Record, f32)> {
+    ranked.into_iter().map(|(r, s)| (r.clone(), s)).collect()
+}
+
+/// `mem_` and 24 random hex digits.
+pub fn record_id() -> String {
+    let mut bytes = [0u8; 12];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("mem_{hex}")
+}
