@@ -1,0 +1,562 @@
+//! Long-term memory per user (seed 002): facts told in one session are
+//! extracted in the background, stored with embeddings, and recalled by
+//! meaning into a later session when relevant, never delaying a turn. The
+//! scripted mock is the extract model (`EXTRACTOR`) and the embedding model
+//! (`/embeddings`), with recall's own mock answers.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const PEANUTS: &str = "I am allergic to peanuts";
+const HANOI: &str = "I live in Hanoi";
+
+/// Extraction runs when a test asks (`extract`), unless `extra` sets
+/// `extract_every_turns`.
+fn config(extra: &str) -> String {
+    let every = if extra.contains("extract_every_turns") {
+        ""
+    } else {
+        "extract_every_turns = 1000\n"
+    };
+    format!(
+        "[long_term]\nenabled = true\nextract_model = \"{EXTRACTOR}\"\n\
+         embedding_model = \"{EMBEDDER}\"\nattempts = 1\n{every}{extra}\n"
+    )
+}
+
+async fn harness(extra: &str) -> Harness {
+    Harness::start(&config(extra), "models = [\"*\"]").await
+}
+
+/// Sends `text` in `session` as `user` (with client key `key`), and
+/// returns how long the turn took.
+async fn say_as(h: &Harness, key: Option<&str>, user: &str, session: &str, text: &str) -> Duration {
+    let started = Instant::now();
+    let mut req = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", session)
+        .header("x-user-id", user)
+        .json(&json!({"model": "gpt-test", "messages": [{"role": "user", "content": text}]}));
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let _: Value = resp.json().await.unwrap();
+    started.elapsed()
+}
+
+async fn say(h: &Harness, user: &str, session: &str, text: &str) {
+    say_as(h, None, user, session, text).await;
+}
+
+async fn call(
+    h: &Harness,
+    key: Option<&str>,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = h.client.request(method, format!("{}{path}", h.url));
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Runs extraction of `session` now, which must succeed.
+async fn extract(h: &Harness, session: &str) -> Value {
+    let path = format!("/v1/sessions/{session}/memory/extract");
+    let (status, body) = call(h, None, Method::POST, &path, None).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// `user`'s records, newest first (every page).
+async fn records(h: &Harness, key: Option<&str>, user: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let path = format!("/v1/users/{user}/memory/records?limit=100{after}");
+        let (status, page) = call(h, key, Method::GET, &path, None).await;
+        assert_eq!(status, 200, "{page}");
+        out.extend(page["data"].as_array().unwrap().iter().cloned());
+        if page["has_more"] != true {
+            return out;
+        }
+        after = format!("&after={}", page["last_id"].as_str().unwrap());
+    }
+}
+
+fn texts(records: &[Value]) -> Vec<String> {
+    let mut t: Vec<String> = records
+        .iter()
+        .map(|r| r["text"].as_str().unwrap().to_owned())
+        .collect();
+    t.sort();
+    t
+}
+
+/// Waits until session `session`'s next turn holds the result of a search
+/// (not the user's newest records it starts with), and returns its facts.
+async fn searched(h: &Harness, session: &str) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, s) = h
+            .api(Method::GET, &format!("/v1/sessions/{session}"), None)
+            .await;
+        assert_eq!(status, 200, "{s}");
+        if s["recalled"]["searched"] == true {
+            return s["recalled"]["facts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["text"].as_str().unwrap().to_owned())
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no search result for {session}: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The facts system message of the last turn the upstream received, if any.
+fn facts_sent(h: &Harness) -> Option<String> {
+    let turn = h
+        .upstream
+        .turns()
+        .pop()
+        .expect("no turn reached the upstream");
+    turn.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .filter_map(|m| m["content"].as_str())
+        .find(|c| c.starts_with("Relevant facts about the user:"))
+        .map(str::to_owned)
+}
+
+/// The user tells two facts; the next session's related question brings
+/// back the one it is about, and an unrelated question neither.
+async fn told_then_asked(extra: &str) -> Harness {
+    let h = harness(extra).await;
+    say(&h, "ana", "s1", &format!("{PEANUTS}. {HANOI}.")).await;
+    extract(&h, "s1").await;
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS, HANOI]);
+    h
+}
+
+#[tokio::test]
+async fn a_fact_told_in_one_session_is_recalled_in_the_next_when_relevant() {
+    let h = told_then_asked("").await;
+    // A new session starts with the user's newest records.
+    say(&h, "ana", "s2", "What snack should I bring?").await;
+    let first = facts_sent(&h).expect("a new session starts with the user's records");
+    assert!(first.contains(PEANUTS) && first.contains(HANOI), "{first}");
+    // The search after the question replaces them for the next turn.
+    assert_eq!(searched(&h, "s2").await, vec![PEANUTS]);
+    say(&h, "ana", "s2", "Thanks.").await;
+    let sent = facts_sent(&h).expect("the related fact is sent");
+    assert!(sent.contains(PEANUTS) && !sent.contains(HANOI), "{sent}");
+
+    // An unrelated question recalls nothing.
+    say(&h, "ana", "s3", "Can you recommend some music?").await;
+    assert!(searched(&h, "s3").await.is_empty());
+    say(&h, "ana", "s3", "Jazz maybe.").await;
+    assert_eq!(facts_sent(&h), None);
+}
+
+#[tokio::test]
+async fn inline_retrieval_sends_the_related_fact_in_the_same_turn() {
+    let h = told_then_asked("retrieve = \"inline\"\ninline_timeout_ms = 2000").await;
+    say(&h, "ana", "s2", "What snack should I bring?").await;
+    let sent = facts_sent(&h).expect("the related fact is sent at once");
+    assert!(sent.contains(PEANUTS) && !sent.contains(HANOI), "{sent}");
+    // Too slow an embedding model: the turn goes on with what it had.
+    let h2 = told_then_asked("retrieve = \"inline\"\ninline_timeout_ms = 100").await;
+    h2.upstream
+        .embeddings(LongTermMode::Slow(Duration::from_secs(2)));
+    let took = say_as(&h2, None, "ana", "s2", "What snack should I bring?").await;
+    assert!(
+        took < Duration::from_millis(1500),
+        "the turn waited {took:?}"
+    );
+    let sent = facts_sent(&h2).expect("the user's newest records");
+    assert!(sent.contains(HANOI), "{sent}");
+}
+
+#[tokio::test]
+async fn a_repeated_fact_updates_its_record_instead_of_adding_one() {
+    let h = harness("").await;
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    extract(&h, "s1").await;
+    let before = records(&h, None, "ana").await;
+    assert_eq!(before.len(), 1);
+    say(&h, "ana", "s2", &format!("{PEANUTS}!")).await;
+    let done = extract(&h, "s2").await;
+    assert_eq!(
+        (done["added"].as_u64(), done["updated"].as_u64()),
+        (Some(0), Some(1)),
+        "{done}"
+    );
+    let after = records(&h, None, "ana").await;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0]["id"], before[0]["id"]);
+    assert_eq!(after[0]["session"], "s2");
+    assert!(h
+        .metrics()
+        .await
+        .contains("recall_long_term_records_total{change=\"updated\"} 1"));
+}
+
+#[tokio::test]
+async fn a_custom_strategy_extracts_with_its_prompt_into_its_namespace() {
+    let h = harness(
+        "[[long_term.strategies]]\nname = \"health\"\ntype = \"custom\"\n\
+         prompt = \"List the user's allergies and conditions.\"\nnamespace = \"/health/{user}\"\n\
+         [[long_term.strategies]]\nname = \"prefs\"\ntype = \"user_preference\"\n",
+    )
+    .await;
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    extract(&h, "s1").await;
+    let asked = h.upstream.extraction_requests();
+    let prompts: Vec<String> = asked
+        .iter()
+        .map(|r| {
+            r.body["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        prompts
+            .iter()
+            .any(|p| p.starts_with("List the user's allergies and conditions.")),
+        "{prompts:?}"
+    );
+    assert!(
+        prompts.iter().any(|p| p.contains("preferences")),
+        "{prompts:?}"
+    );
+    let all = records(&h, None, "ana").await;
+    let mut spaces: Vec<(String, String)> = all
+        .iter()
+        .map(|r| {
+            (
+                r["strategy"].as_str().unwrap().to_owned(),
+                r["namespace"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    spaces.sort();
+    assert_eq!(
+        spaces,
+        vec![
+            ("health".to_owned(), "/health/ana".to_owned()),
+            ("prefs".to_owned(), "/strategies/prefs/users/ana".to_owned()),
+        ]
+    );
+    let (status, page) = call(
+        &h,
+        None,
+        Method::GET,
+        "/v1/users/ana/memory/records?namespace=/health/ana",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(page["data"].as_array().unwrap().len(), 1, "{page}");
+    // Both namespaces hold the fact; a turn sends it once.
+    say(&h, "ana", "s2", "What snack should I bring?").await;
+    assert_eq!(searched(&h, "s2").await, vec![PEANUTS]);
+}
+
+#[tokio::test]
+async fn slow_models_never_delay_a_turn() {
+    let h = harness("extract_every_turns = 1").await;
+    h.upstream
+        .extractions(LongTermMode::Slow(Duration::from_secs(2)));
+    h.upstream
+        .embeddings(LongTermMode::Slow(Duration::from_secs(2)));
+    let mut slowest = Duration::ZERO;
+    for (i, text) in [PEANUTS, HANOI, "What snack should I bring?"]
+        .iter()
+        .enumerate()
+    {
+        slowest = slowest.max(say_as(&h, None, "ana", &format!("s{}", i / 2), text).await);
+    }
+    // Each turn started an extraction and a search that take 2 s or more.
+    assert!(
+        slowest < Duration::from_millis(1500),
+        "a turn waited {slowest:?}"
+    );
+    // They did run, and stored what was said.
+    extract(&h, "s0").await;
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS, HANOI]);
+}
+
+#[tokio::test]
+async fn a_failing_or_malformed_extraction_stores_nothing() {
+    let h = harness("").await;
+    for (i, mode) in [
+        LongTermMode::Fail(500),
+        LongTermMode::Text("I could not find any facts.".into()),
+        LongTermMode::Text("[{\"fact\": \"no text field\"}]".into()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        h.upstream.extractions(mode);
+        let session = format!("s{i}");
+        say(&h, "ana", &session, &format!("{PEANUTS}.")).await;
+        let path = format!("/v1/sessions/{session}/memory/extract");
+        let (status, body) = call(&h, None, Method::POST, &path, None).await;
+        assert_eq!(status, 502, "{body}");
+        assert_eq!(body["error"]["code"], "extraction_failed", "{body}");
+        assert!(records(&h, None, "ana").await.is_empty());
+    }
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("recall_long_term_jobs_total{job=\"extract\",outcome=\"malformed\"} 2"),
+        "{metrics}"
+    );
+    // The messages were not marked extracted: a working model gets them.
+    h.upstream.extractions(LongTermMode::Echo);
+    extract(&h, "s0").await;
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
+}
+
+#[tokio::test]
+async fn search_limits_and_thresholds_are_validated() {
+    let h = told_then_asked("").await;
+    let search = |body: Value| {
+        let h = &h;
+        async move {
+            call(
+                h,
+                None,
+                Method::POST,
+                "/v1/users/ana/memory/records/search",
+                Some(body),
+            )
+            .await
+        }
+    };
+    for (body, param) in [
+        (json!({"query": "snack", "limit": 4}), "limit"),
+        (json!({"query": "snack", "limit": 201}), "limit"),
+        (json!({"query": "snack", "limit": 5.5}), "limit"),
+        (
+            json!({"query": "snack", "score_threshold": -0.01}),
+            "score_threshold",
+        ),
+        (
+            json!({"query": "snack", "score_threshold": 1.01}),
+            "score_threshold",
+        ),
+        (
+            json!({"query": "snack", "score_threshold": "0.5"}),
+            "score_threshold",
+        ),
+        (json!({"limit": 5}), "query"),
+    ] {
+        let (status, err) = search(body.clone()).await;
+        assert_eq!(status, 400, "{body}: {err}");
+        assert_eq!(err["error"]["param"], param, "{err}");
+    }
+    for body in [
+        json!({"query": "What snack should I bring?", "limit": 5, "score_threshold": 0}),
+        json!({"query": "What snack should I bring?", "limit": 200, "score_threshold": 1}),
+    ] {
+        let (status, found) = search(body.clone()).await;
+        assert_eq!(status, 200, "{body}: {found}");
+    }
+    let (_, found) =
+        search(json!({"query": "What snack should I bring?", "limit": 5, "score_threshold": 0}))
+            .await;
+    let data = found["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2, "{found}");
+    assert_eq!(data[0]["text"], PEANUTS);
+    let (top, next) = (
+        data[0]["score"].as_f64().unwrap(),
+        data[1]["score"].as_f64().unwrap(),
+    );
+    assert!(top >= 0.5 && next < 0.5 && top > next, "{found}");
+    let (_, found) = search(json!({"query": "What snack should I bring?"})).await;
+    assert_eq!(
+        found["data"].as_array().unwrap().len(),
+        1,
+        "the default threshold leaves Hanoi out: {found}"
+    );
+}
+
+#[tokio::test]
+async fn a_record_can_be_deleted_and_a_user_forgotten() {
+    let h = told_then_asked("").await;
+    let all = records(&h, None, "ana").await;
+    let hanoi = all.iter().find(|r| r["text"] == HANOI).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/v1/users/ana/memory/records/{hanoi}");
+    assert_eq!(call(&h, None, Method::GET, &path, None).await.0, 200);
+    let (status, gone) = call(&h, None, Method::DELETE, &path, None).await;
+    assert_eq!((status, &gone["deleted"]), (200, &json!(true)), "{gone}");
+    assert_eq!(call(&h, None, Method::GET, &path, None).await.0, 404);
+    assert_eq!(call(&h, None, Method::DELETE, &path, None).await.0, 404);
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
+
+    // A live session holds the peanut fact; forgetting the user drops it.
+    say(&h, "ana", "s2", "What snack should I bring?").await;
+    assert_eq!(searched(&h, "s2").await, vec![PEANUTS]);
+    let (status, forgot) = call(&h, None, Method::DELETE, "/v1/users/ana/memory", None).await;
+    assert_eq!(status, 200, "{forgot}");
+    assert_eq!(forgot["records"], 1, "{forgot}");
+    assert!(records(&h, None, "ana").await.is_empty());
+    say(&h, "ana", "s2", "Anything else?").await;
+    assert_eq!(facts_sent(&h), None);
+    // The session that began before does not write the user back, even
+    // when it ends (its end extracts what is left).
+    extract(&h, "s2").await;
+    let ended = h.api(Method::DELETE, "/v1/sessions/s2", None).await;
+    assert_eq!(ended.0, 200, "{ended:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(records(&h, None, "ana").await.is_empty());
+    assert_eq!(
+        call(&h, None, Method::DELETE, "/v1/users/ana/memory", None)
+            .await
+            .0,
+        404
+    );
+}
+
+#[tokio::test]
+async fn a_session_end_extracts_what_is_left() {
+    let h = harness("extract_every_turns = 10").await;
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    assert!(records(&h, None, "ana").await.is_empty(), "not due yet");
+    let ended = h.api(Method::DELETE, "/v1/sessions/s1", None).await;
+    assert_eq!(ended.0, 200, "{ended:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while records(&h, None, "ana").await.is_empty() {
+        assert!(Instant::now() < deadline, "the end extracted nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
+}
+
+#[tokio::test]
+async fn records_stay_within_their_tenant() {
+    const KEY_A: &str = "sk-lt-a";
+    const KEY_B: &str = "sk-lt-b";
+    let var = "RECALL_TEST_LONG_TERM_KEYS";
+    std::env::set_var(var, format!("{KEY_A}, {KEY_B}"));
+    let h = harness(&format!("[auth]\napi_keys_env = \"{var}\"\n")).await;
+    say_as(&h, Some(KEY_A), "ana", "s1", &format!("{PEANUTS}.")).await;
+    let path = "/v1/sessions/s1/memory/extract";
+    let (status, body) = call(&h, Some(KEY_A), Method::POST, path, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(records(&h, Some(KEY_A), "ana").await.len(), 1);
+    // The other tenant's "ana" is someone else.
+    assert!(records(&h, Some(KEY_B), "ana").await.is_empty());
+    say_as(&h, Some(KEY_B), "ana", "s2", "What snack should I bring?").await;
+    assert_eq!(facts_sent(&h), None);
+    let (status, found) = call(
+        &h,
+        Some(KEY_B),
+        Method::POST,
+        "/v1/users/ana/memory/records/search",
+        Some(json!({"query": "snack", "score_threshold": 0})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(found["data"], json!([]));
+    let id = records(&h, Some(KEY_A), "ana").await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/v1/users/ana/memory/records/{id}");
+    assert_eq!(call(&h, Some(KEY_B), Method::GET, &path, None).await.0, 404);
+    assert_eq!(
+        call(&h, Some(KEY_B), Method::DELETE, &path, None).await.0,
+        404
+    );
+    assert_eq!(records(&h, Some(KEY_A), "ana").await.len(), 1);
+}
+
+#[tokio::test]
+async fn records_survive_a_restart_on_sqlite() {
+    if std::env::var("RECALL_TEST_BACKEND").as_deref() == Ok("redis") {
+        return;
+    }
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("recall-long-term-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("restart.db");
+    let _ = std::fs::remove_file(&db);
+    let toml = config(&format!(
+        "[storage]\nbackend = \"sqlite\"\npath = \"{}\"",
+        db.display()
+    ));
+    let first = Harness::start(&toml, "models = [\"*\"]").await;
+    say(&first, "ana", "s1", &format!("{PEANUTS}. {HANOI}.")).await;
+    extract(&first, "s1").await;
+    let before = records(&first, None, "ana").await;
+    first.app.wind_down().await;
+
+    let second = Harness::start(&toml, "models = [\"*\"]").await;
+    assert_eq!(records(&second, None, "ana").await, before);
+    say(&second, "ana", "s2", "What snack should I bring?").await;
+    assert_eq!(searched(&second, "s2").await, vec![PEANUTS]);
+}
+
+#[tokio::test]
+async fn two_redis_replicas_share_records() {
+    let Ok(url) = std::env::var("RECALL_TEST_REDIS_URL") else {
+        return;
+    };
+    let prefix = format!("lt{}", std::process::id());
+    let toml = config(&format!(
+        "[storage]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"{prefix}\""
+    ));
+    let a = Harness::start(&toml, "models = [\"*\"]").await;
+    let b = Harness::start(&toml, "models = [\"*\"]").await;
+    say(&a, "ana", "s1", &format!("{PEANUTS}. {HANOI}.")).await;
+    extract(&a, "s1").await;
+    // Replica b reads what a stored (its cache is checked against Redis).
+    assert_eq!(texts(&records(&b, None, "ana").await), vec![PEANUTS, HANOI]);
+    say(&b, "ana", "s2", "What snack should I bring?").await;
+    assert_eq!(searched(&b, "s2").await, vec![PEANUTS]);
+    // A delete through b is seen by a.
+    let hanoi = records(&b, None, "ana")
+        .await
+        .into_iter()
+        .find(|r| r["text"] == HANOI)
+        .unwrap();
+    let path = format!(
+        "/v1/users/ana/memory/records/{}",
+        hanoi["id"].as_str().unwrap()
+    );
+    assert_eq!(call(&b, None, Method::DELETE, &path, None).await.0, 200);
+    assert_eq!(texts(&records(&a, None, "ana").await), vec![PEANUTS]);
+    // And a fact a stores again through a second session updates b's view.
+    say(&a, "ana", "s3", &format!("{PEANUTS}!")).await;
+    let done = extract(&a, "s3").await;
+    assert_eq!(done["updated"], 1, "{done}");
+    assert_eq!(records(&b, None, "ana").await.len(), 1);
+}
