@@ -444,3 +444,56 @@ async fn the_memory_demo_still_names_the_user_after_thirty_turns() {
         "{answer}"
     );
 }
+
+/// README's "Long-term memory": with config/demo-long-term.toml, a fact
+/// told in one session is recalled in the next when it is relevant, and
+/// not when it is not.
+#[tokio::test]
+async fn the_long_term_demo_recalls_a_fact_in_the_next_session_when_relevant() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/demo-long-term.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let h = Harness::with_config(&text, MockUpstream::start().await).await;
+    let say = |session: &'static str, text: &'static str| {
+        let h = &h;
+        async move {
+            let resp = h
+                .client
+                .post(format!("{}/v1/chat/completions", h.url))
+                .header("x-session-id", session)
+                .header("x-user-id", "ana")
+                .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": text}]}))
+                .send()
+                .await
+                .unwrap();
+            let body: Value = resp.json().await.unwrap();
+            body["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    say("monday", "I am allergic to peanuts. I live in Hanoi.").await;
+    let (status, _) = h
+        .api(reqwest::Method::DELETE, "/v1/sessions/monday", None)
+        .await;
+    assert_eq!(status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, page) = h
+            .api(reqwest::Method::GET, "/v1/users/ana/memory/records", None)
+            .await;
+        if page["data"].as_array().is_some_and(|d| d.len() == 2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{page}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answer = say("tuesday", "What snack should I bring?").await;
+    assert!(
+        answer
+            .ends_with("My notes say: Relevant facts about the user:\n- I am allergic to peanuts"),
+        "{answer}"
+    );
+    let answer = say("wednesday", "Can you recommend some music?").await;
+    assert!(!answer.contains("My notes say"), "{answer}");
+}

@@ -71,7 +71,7 @@ pub(crate) async fn note_of(app: &App, key: &str) -> Option<String> {
     }
 }
 
-/// With `[memory] carry_over`, the user a conversation's `metadata.user`
+/// With `[memory] carry_over` or `[long_term]`, the user a conversation's `metadata.user`
 /// names: their note's key, and the name as given.
 pub(crate) fn metadata_user(
     app: &App,
@@ -79,7 +79,8 @@ pub(crate) fn metadata_user(
     metadata: &serde_json::Map<String, Value>,
 ) -> Option<(String, String)> {
     let user = metadata.get("user")?.as_str()?;
-    (app.config.memory.carry_over && !user.trim().is_empty())
+    let remembers = app.config.memory.carry_over || app.config.long_term.enabled;
+    (remembers && !user.trim().is_empty())
         .then(|| (access.internal(user).into_owned(), user.to_owned()))
 }
 
