@@ -101,3 +101,99 @@ fn a_full_user_gives_up_what_was_least_recently_used() {
         "/strategies/semantic/users/ada"
     );
 }
+
+fn fact(text: &str, namespace: &str, embedding: Vec<f32>) -> NewFact {
+    NewFact {
+        text: text.into(),
+        strategy: "semantic".into(),
+        namespace: namespace.into(),
+        embedding,
+    }
+}
+
+fn ids() -> impl FnMut() -> String {
+    let mut n = 0;
+    move || {
+        n += 1;
+        format!("new{n}")
+    }
+}
+
+#[test]
+fn a_plan_updates_close_facts_adds_others_and_evicts_the_least_used() {
+    let mut old = record("old", "/u/ada", vec![0.0, 1.0, 0.0], 1);
+    old.recalled_at = 5;
+    let known = vec![old, record("peanuts", "/u/ada", vec![1.0, 0.0, 0.0], 2)];
+    let origin = Origin {
+        user: "ada",
+        session: "s2",
+        now_ms: 10,
+    };
+    let facts = vec![
+        // Updates "peanuts"; then the next one updates it again.
+        fact("allergic to peanuts", "/u/ada", vec![1.0, 0.01, 0.0]),
+        fact("very allergic to peanuts", "/u/ada", vec![1.0, 0.0, 0.01]),
+        // Adds; and a copy of it in the same answer updates the added one.
+        fact("lives in Hanoi", "/u/ada", vec![0.0, 0.0, 1.0]),
+        fact("lives in Hanoi", "/u/ada", vec![0.0, 0.0, 1.0]),
+        // Another namespace never merges.
+        fact("lives in Hanoi", "/other/ada", vec![0.0, 0.0, 1.0]),
+    ];
+    let plan = plan(&known, facts.clone(), &origin, 0.92, 10, ids());
+    assert_eq!((plan.added, plan.updated, plan.evicted), (2, 1, 0));
+    let peanuts = plan.put.iter().find(|r| r.id == "peanuts").unwrap();
+    assert_eq!(
+        (
+            peanuts.text.as_str(),
+            peanuts.session.as_str(),
+            peanuts.updated_at
+        ),
+        ("very allergic to peanuts", "s2", 10)
+    );
+    assert!(plan.remove.is_empty());
+    // Past the bound, the least recently used record goes, not the new.
+    let plan = super::plan(&known, facts, &origin, 0.92, 3, ids());
+    assert_eq!(plan.remove, vec!["old".to_owned()]);
+    assert_eq!((plan.added, plan.updated, plan.evicted), (2, 1, 1));
+}
+
+#[test]
+fn the_facts_a_turn_sends_have_no_repeats_and_a_new_session_gets_the_newest() {
+    let a = record("a", "/x", vec![1.0, 0.0], 1);
+    let mut b = record("b", "/y", vec![1.0, 0.0], 3);
+    b.text = "a".into();
+    let c = record("c", "/x", vec![0.0, 1.0], 2);
+    let ranked = vec![(&a, 0.9), (&b, 0.9), (&c, 0.5)];
+    let sent: Vec<String> = recalled(&ranked).into_iter().map(|f| f.text).collect();
+    assert_eq!(sent, ["a", "c"]);
+    let records = vec![a.clone(), b.clone(), c.clone()];
+    let newest: Vec<String> = recent(&records, 2).into_iter().map(|f| f.id).collect();
+    assert_eq!(newest, ["b", "c"]);
+    assert_eq!(facts_message("Facts:\n{facts}", &[]), None);
+    let m = facts_message("Facts:\n{facts}", &recent(&records, 5)).unwrap();
+    assert_eq!(m.content, serde_json::json!("Facts:\n- a\n- c"));
+}
+
+#[test]
+fn the_extraction_prompt_reads_the_conversation_as_heard() {
+    let said = |role, text: &str| Arc::new(Message::new(role, text.to_owned()));
+    let messages = vec![
+        said(Role::System, "be brief"),
+        said(Role::User, "I am allergic to peanuts."),
+        said(Role::Assistant, "Noted."),
+    ];
+    let prompt = extract_prompt("Find facts.", &messages);
+    let system = prompt[0]["content"].as_str().unwrap();
+    assert!(system.starts_with("Find facts.\n\nAnswer with a JSON list"));
+    let user = prompt[1]["content"].as_str().unwrap();
+    assert_eq!(
+        user,
+        format!("{EXTRACT_HEADING}\nuser: I am allergic to peanuts.\nassistant: Noted.\n")
+    );
+    assert!(worth_extracting(&messages));
+    assert!(!worth_extracting(&messages[..1]));
+    assert_eq!(
+        query_text(Some(&messages[2]), &messages[1]),
+        "Noted.\nI am allergic to peanuts."
+    );
+}
