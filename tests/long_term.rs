@@ -560,3 +560,35 @@ async fn two_redis_replicas_share_records() {
     assert_eq!(done["updated"], 1, "{done}");
     assert_eq!(records(&b, None, "ana").await.len(), 1);
 }
+
+#[tokio::test]
+async fn an_extraction_running_when_the_user_is_forgotten_writes_nothing_back() {
+    let h = harness("extract_every_turns = 1").await;
+    h.upstream
+        .extractions(LongTermMode::Slow(Duration::from_millis(800)));
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    // The turn started an extraction, which answers after the delete.
+    let (status, forgot) = call(&h, None, Method::DELETE, "/v1/users/ana/memory", None).await;
+    assert_eq!(status, 200, "{forgot}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.upstream.extraction_requests().len(), 1);
+    assert!(records(&h, None, "ana").await.is_empty());
+    // A session that begins after the delete remembers again.
+    h.upstream.extractions(LongTermMode::Echo);
+    say(&h, "ana", "s2", &format!("{HANOI}.")).await;
+    extract(&h, "s2").await;
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![HANOI]);
+}
+
+#[tokio::test]
+async fn each_user_of_a_session_gets_their_own_facts() {
+    let h = told_then_asked("").await;
+    say(&h, "ana", "s2", "What snack should I bring?").await;
+    assert_eq!(searched(&h, "s2").await, vec![PEANUTS]);
+    // Bob speaks in the same session: none of Ana's facts go with his turn.
+    say(&h, "bob", "s2", "What snack should I bring?").await;
+    assert_eq!(facts_sent(&h), None);
+    extract(&h, "s2").await;
+    assert!(records(&h, None, "bob").await.is_empty());
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS, HANOI]);
+}

@@ -60,7 +60,7 @@ pub fn recall(lt: Arc<LongTerm>, session: Arc<Session>, user: String, query: Que
         let mut next = Some(first);
         while let Some(query) = next {
             match lt.recall(&user, &query).await {
-                Ok(facts) => session.recalled(query.for_seq, facts),
+                Ok(facts) => session.recalled(&user, query.for_seq, facts),
                 Err(e) => tracing::warn!(session = %session.id, error = %e,
                     "the user's records were not searched; the turn sends the last facts found"),
             }

@@ -214,11 +214,10 @@ impl LongTerm {
                 });
             }
         }
-        Ok(Extracted {
-            facts: n,
-            stale: true,
-            ..Extracted::default()
-        })
+        Err(StorageError::Failed(format!(
+            "the user's records changed under {ATTEMPTS} attempts to store these facts"
+        ))
+        .into())
     }
 
     /// Stores one fact given by hand (the records API), as an extraction

@@ -30,10 +30,10 @@ pub(crate) async fn for_turn(app: &Arc<App>, id: &str, due: LongTermDue) -> Opti
         // A session's first turn here: a read of the user's records, which
         // a process serves from its cache once it has read them.
         match long_term.recent(&user).await {
-            Ok(recent) => session.start_recalled(recent),
+            Ok(recent) => session.start_recalled(&user, recent),
             Err(e) => tracing::warn!(error = %e, "the user's records could not be read"),
         }
-        facts = session.recalled_facts();
+        facts = session.recalled_facts(&user);
     }
     if let Some(query) = due.query {
         let config = &long_term.config;
@@ -48,8 +48,8 @@ pub(crate) async fn for_turn(app: &Arc<App>, id: &str, due: LongTermDue) -> Opti
         };
         match found {
             Some(found) => {
-                session.recalled(query.for_seq, found);
-                facts = session.recalled_facts();
+                session.recalled(&user, query.for_seq, found);
+                facts = session.recalled_facts(&user);
             }
             // Prefetch, or inline too slow: the search runs on, for the
             // next turn.

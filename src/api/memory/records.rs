@@ -263,7 +263,12 @@ pub async fn add_record(
 /// they are stored (after an extraction already running here, if any).
 pub async fn extract(State(app): State<Arc<App>>, target: Target) -> Result<Json<Value>, ApiError> {
     let long_term = enabled(&app)?;
+    let deadline = tokio::time::Instant::now()
+        + std::time::Duration::from_secs(long_term.config.timeout_secs.saturating_mul(4));
     loop {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(RequestError::Busy { id: target.name }.into());
+        }
         let session = existing(&app, &target).await?;
         let ex = match session.extract_now() {
             Ok(ExtractNow::Start(ex)) => ex,

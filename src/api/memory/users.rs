@@ -102,6 +102,12 @@ pub async fn delete_user_memory(
         .get(storage, &user.key)
         .await?
         .is_some_and(|n| !n.forgotten);
+    // Long-term records first (a failure below leaves none behind), whether `[long_term]` is on now or not: they may
+    // be from when it was.
+    let records = app
+        .records
+        .forget(storage, &user.key, app.policy.clock.now_ms())
+        .await?;
     let gone = Note::forgotten(app.policy.clock.now_ms());
     app.notes.put(storage, &user.key, &gone).durable().await?;
     let mut ids: Vec<String> = app
@@ -148,12 +154,6 @@ pub async fn delete_user_memory(
             Err(e) => return Err(e),
         }
     }
-    // Long-term records, whether `[long_term]` is on now or not: they may
-    // be from when it was.
-    let records = app
-        .records
-        .forget(storage, &user.key, app.policy.clock.now_ms())
-        .await?;
     if !had && sessions == 0 && records == 0 {
         return Err(no_note(&user));
     }

@@ -28,6 +28,8 @@ pub(super) struct LongTermState {
 
 #[derive(Debug, Clone)]
 struct Recalled {
+    /// Whose facts: a session may hear more than one user.
+    user: String,
     facts: Arc<[Fact]>,
     /// The user message the search was for (none: the user's newest
     /// records, before any search).
@@ -83,8 +85,15 @@ impl Session {
         st: &mut State,
         every_turns: usize,
         new_from: usize,
+        speaking: Option<&str>,
     ) -> LongTermDue {
-        let Some(user) = self.memory_user(st) else {
+        // The user who sent this turn, else the session's.
+        let user = match speaking {
+            Some(key) if !self.forgotten(st, key) => Some(key.to_owned()),
+            Some(_) => None,
+            None => self.memory_user(st),
+        };
+        let Some(user) = user else {
             return LongTermDue::default();
         };
         let asked = st.messages[new_from.min(st.messages.len())..]
@@ -109,11 +118,20 @@ impl Session {
         let extract = (!st.long_term.extracting && said >= every_turns.max(1))
             .then(|| self.extraction(st, &user));
         LongTermDue {
-            facts: st.long_term.recalled.as_ref().map(|r| Arc::clone(&r.facts)),
+            facts: st
+                .long_term
+                .recalled
+                .as_ref()
+                .filter(|r| r.user == user)
+                .map(|r| Arc::clone(&r.facts)),
             user: Some(user),
             query,
             extract,
         }
+    }
+
+    fn forgotten(&self, st: &State, key: &str) -> bool {
+        st.remembered.forgotten && st.remembered.user.as_deref() == Some(key)
     }
 
     /// The user key whose records this session reads and writes: none
@@ -173,16 +191,17 @@ impl Session {
 
     /// A search's result for the turn after message `for_seq`: kept unless
     /// a search for a later message was kept first.
-    pub fn recalled(&self, for_seq: u64, facts: Vec<Fact>) {
+    pub fn recalled(&self, user: &str, for_seq: u64, facts: Vec<Fact>) {
         let mut st = self.state();
-        if st.remembered.forgotten {
+        if self.forgotten(&st, user) {
             return;
         }
-        let newer = |r: &Recalled| r.for_seq.is_some_and(|s| s > for_seq);
+        let newer = |r: &Recalled| r.user == user && r.for_seq.is_some_and(|s| s > for_seq);
         if st.long_term.recalled.as_ref().is_some_and(newer) {
             return;
         }
         st.long_term.recalled = Some(Recalled {
+            user: user.to_owned(),
             facts: facts.into(),
             for_seq: Some(for_seq),
         });
@@ -190,10 +209,16 @@ impl Session {
 
     /// A session's first facts: its user's newest records, unless a
     /// search's result came first.
-    pub fn start_recalled(&self, facts: Vec<Fact>) {
+    pub fn start_recalled(&self, user: &str, facts: Vec<Fact>) {
         let mut st = self.state();
-        if st.long_term.recalled.is_none() && !st.remembered.forgotten {
+        let held = st
+            .long_term
+            .recalled
+            .as_ref()
+            .is_some_and(|r| r.user == user);
+        if !held && !self.forgotten(&st, user) {
             st.long_term.recalled = Some(Recalled {
+                user: user.to_owned(),
                 facts: facts.into(),
                 for_seq: None,
             });
@@ -221,10 +246,11 @@ impl Session {
         next.filter(|_| !st.ended)
     }
 
-    /// The facts the next turn sends.
-    pub fn recalled_facts(&self) -> Option<Arc<[Fact]>> {
+    /// The facts the next turn of `user` sends.
+    pub fn recalled_facts(&self, user: &str) -> Option<Arc<[Fact]>> {
         let st = self.state();
-        st.long_term.recalled.as_ref().map(|r| Arc::clone(&r.facts))
+        let r = st.long_term.recalled.as_ref().filter(|r| r.user == user)?;
+        Some(Arc::clone(&r.facts))
     }
 }
 

@@ -185,6 +185,10 @@ impl State {
         self.fold_after_ms = kept.fold_after_ms;
         self.pending = kept.pending;
         self.long_term = kept.long_term;
+        if self.remembered.forgotten {
+            // Deleted on another replica meanwhile.
+            self.long_term.forget();
+        }
     }
 
     /// Makes user `key` the one the session is carried into when it ends,

@@ -281,7 +281,8 @@ impl Session {
         self.trim(st, policy, &mut ops);
         let long_term = if policy.long_term.enabled {
             let new_from = appended_seq.saturating_sub(st.first_seq) as usize;
-            self.long_term_due(st, policy.long_term.extract_every_turns, new_from)
+            let every = policy.long_term.extract_every_turns;
+            self.long_term_due(st, every, new_from, req.memory_user)
         } else {
             LongTermDue::default()
         };

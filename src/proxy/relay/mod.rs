@@ -161,11 +161,16 @@ impl Drop for Detachable {
     }
 }
 
-/// Settles the reply as interrupted if dropped while armed.
-struct GoneGuard(Option<Arc<Reply>>);
+/// Settles the reply as interrupted if dropped while armed: the client
+/// left while its request waited.
+pub(crate) struct GoneGuard(Option<Arc<Reply>>);
 
 impl GoneGuard {
-    fn disarm(mut self) {
+    pub(crate) fn armed(flight: &Arc<Reply>) -> Self {
+        Self(Some(Arc::clone(flight)))
+    }
+
+    pub(crate) fn disarm(mut self) {
         self.0 = None;
     }
 }
