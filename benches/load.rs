@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
+use recall::memory::long_term::headings::EXTRACT_HEADING;
+use recall::proxy::mock::embed;
 use serde_json::{json, Value};
 
 const CHUNKS: usize = 50;
@@ -134,8 +136,18 @@ static CHAT_CALLS: AtomicU64 = AtomicU64::new(0);
 static CHAT_BYTES: AtomicU64 = AtomicU64::new(0);
 static SUMMARY_CALLS: AtomicU64 = AtomicU64::new(0);
 const SUMMARY_MODEL: &str = "bench-summarizer";
+/// Calls of `/v1/embeddings` and extraction requests, for the long-term
+/// memory scenario (not counted as chat calls).
+static EMBED_CALLS: AtomicU64 = AtomicU64::new(0);
+static EXTRACT_CALLS: AtomicU64 = AtomicU64::new(0);
 
-async fn mock_reply(body: Bytes) -> Response {
+async fn mock_reply(uri: axum::http::Uri, body: Bytes) -> Response {
+    if uri.path().ends_with("/embeddings") {
+        return mock_embeddings(&body);
+    }
+    if memchr_contains(&body, EXTRACT_HEADING.as_bytes()) {
+        return mock_extraction(&body);
+    }
     if memchr_contains(&body, SUMMARY_MODEL.as_bytes()) {
         SUMMARY_CALLS.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -1010,6 +1022,15 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         long_sessions(mock, quick, repeat).await;
     }
 
+    // 7. Long-term memory: search cost by records held; turns with it on
+    // and off.
+    if wanted("long-term search") {
+        long_term_search(mock, quick).await;
+    }
+    if wanted("long-term turns") {
+        long_term_turns(mock, quick, repeat).await;
+    }
+
     // The overhead: proxy minus direct.
     println!();
     println!("| path | scenario | added p50 ms | added p99 ms | added TTFB p99 ms |");
@@ -1135,6 +1156,354 @@ async fn turn_by_turn(target: &Target, sessions: usize, turns: usize, round: usi
         }
     }
     all
+}
+
+// ------------------------------------------------------ long-term memory
+//
+// What `[long_term]` costs: searching one user's records as they grow
+// (100, 1,000, 10,000), and turns with it on against off. The mock embeds
+// (`/v1/embeddings`) and extracts instantly, with recall's own echo-mock
+// logic, so what is measured is recall's work. `--only long-term` runs
+// both; `--only "long-term search"` or `"long-term turns"` one.
+
+/// The mock's `/v1/embeddings`: recall's own mock embedding of each input
+/// (`proxy::mock::embed`, 256 dimensions, a bag of words), so that a
+/// search finds records by their words.
+fn mock_embeddings(body: &[u8]) -> Response {
+    EMBED_CALLS.fetch_add(1, Ordering::Relaxed);
+    let asked: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let inputs: Vec<&str> = match &asked["input"] {
+        Value::String(s) => vec![s.as_str()],
+        Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": embed::embedding(t)}))
+        .collect();
+    let reply = json!({"object": "list", "data": data, "model": asked["model"],
+        "usage": {"prompt_tokens": inputs.len(), "total_tokens": inputs.len()}});
+    json_reply(&reply)
+}
+
+/// An extraction request (its last user message under `EXTRACT_HEADING`):
+/// answered as the echo mock does, with the conversation's statements.
+fn mock_extraction(body: &[u8]) -> Response {
+    EXTRACT_CALLS.fetch_add(1, Ordering::Relaxed);
+    let asked: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let last_user = asked["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    let reply = json!({"id": "x", "object": "chat.completion", "created": 1, "model": "mock",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": embed::facts(last_user)}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}});
+    json_reply(&reply)
+}
+
+fn json_reply(v: &Value) -> Response {
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from(v.to_string()))
+        .expect("response")
+}
+
+/// `[long_term]` on, both models served by the mock (the upstream's
+/// `models` is `*`); `extra` adds keys to the section.
+fn long_term_on(extra: &str) -> String {
+    format!(
+        "[long_term]\nenabled = true\nextract_model = \"bench-extractor\"\n\
+         embedding_model = \"bench-embedder\"\nextract_every_turns = 3\n{extra}"
+    )
+}
+
+/// A seeded record's text: six words of its own, so that no two records
+/// are near enough (cosine 0.92) to merge.
+fn record_text(i: usize) -> String {
+    let word = |j: u64| {
+        // splitmix64 of (i, j): stable, and spread over the buckets.
+        let mut z = (i as u64) << 3 ^ j;
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        format!("k{:x}", (z ^ (z >> 31)) % 1_000_000)
+    };
+    let words: Vec<String> = (0..6).map(word).collect();
+    format!("fact {i}: {}", words.join(" "))
+}
+
+/// Search cost by records held: one user seeded through `POST
+/// .../memory/records` (one at a time: a user's records change by
+/// compare-and-set, so concurrent adds of one user only retry) to 100,
+/// 1,000 and 10,000 records (10,000 skipped with `--quick`: each add
+/// plans against, and copies, all the user's records, so seeding to
+/// 10,000 takes about a minute here), and at each size sequential `POST
+/// .../memory/records/search` (limit 5, the default threshold), each
+/// embedding its query through the mock and ranking all the records.
+/// Memory backend.
+async fn long_term_search(mock: SocketAddr, quick: bool) {
+    let sizes: &[usize] = if quick {
+        &[100, 1000]
+    } else {
+        &[100, 1000, 10_000]
+    };
+    let searches = if quick { 50 } else { 200 };
+    let sections = format!(
+        "[history]\nwindow_messages = 20\nmax_messages = 20000\n{}",
+        long_term_on("max_records_per_user = 20000\n")
+    );
+    let target = launch(mock, "memory", 0, &sections).await;
+    let client = client();
+    let records = format!("{}/users/lt-search/memory/records", target.base);
+    println!();
+    println!(
+        "| long-term search (one user, {searches} sequential searches, limit 5, memory) | \
+         p50 ms | p99 ms | max ms | results per search | adds/s while seeding |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let (mut held, mut merged, mut failed) = (0usize, 0usize, 0usize);
+    for &n in sizes {
+        let started = Instant::now();
+        let from = held;
+        while held < n {
+            let r = client
+                .post(&records)
+                .json(&json!({"text": record_text(held)}))
+                .send()
+                .await;
+            match answered(r).await {
+                Some(v) if v["updated"] == true => merged += 1,
+                Some(_) => {}
+                None => failed += 1,
+            }
+            held += 1;
+        }
+        let adds = (held - from) as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        let url = format!("{records}/search");
+        let (mut lat, mut found, mut errors) = (Vec::with_capacity(searches), 0usize, 0usize);
+        // The first few warm the connection and the caches, unmeasured.
+        for k in 0..searches + 5 {
+            let query = record_text(k.wrapping_mul(7919) % n);
+            let t0 = Instant::now();
+            let r = client
+                .post(&url)
+                .json(&json!({"query": query, "limit": 5}))
+                .send()
+                .await;
+            let Some(v) = answered(r).await else {
+                errors += 1;
+                continue;
+            };
+            if k >= 5 {
+                lat.push(ms(t0.elapsed()));
+                found += v["data"].as_array().map_or(0, Vec::len);
+            }
+        }
+        if errors > 0 {
+            let kind = BTreeMap::from([("search failed".to_owned(), errors)]);
+            note_failures(&target.name, &format!("long-term search, {n}"), &kind);
+        }
+        println!(
+            "| {n} records | {:.3} | {:.3} | {:.3} | {:.1} | {adds:.0} |",
+            pct(&mut lat, 0.5),
+            pct(&mut lat, 0.99),
+            pct(&mut lat, 1.0),
+            found as f64 / lat.len().max(1) as f64,
+        );
+    }
+    if quick {
+        println!("| 10000 records | skipped with --quick (seeding takes a while) | | | | |");
+    }
+    let kinds = [
+        ("record merged into another", merged),
+        ("add failed", failed),
+    ];
+    let kinds: BTreeMap<String, usize> = kinds
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(k, n)| (k.to_owned(), n))
+        .collect();
+    note_failures(&target.name, "long-term seeding", &kinds);
+}
+
+/// Turn overhead: 20 sessions × 50 turns (200 without `--quick`), each
+/// session a user of its own, a session's turns in sequence, with
+/// `[long_term]` off and on, on the memory and the sqlite backend: closed
+/// loop (the machine saturated, so background work takes CPU from the
+/// turns) and paced (20 ms between a session's turns, time for it to run
+/// between them); the paths take turns, `repeat` rounds, medians
+/// reported. With it on, a new session's first turn reads its user's
+/// records, each user message starts a search in the background (one at a
+/// time per session, the newest query waiting) and an extraction starts
+/// once 3 user messages are unextracted and none runs: nothing inline, so
+/// on should be off within noise. The mock's counts show the work ran.
+async fn long_term_turns(mock: SocketAddr, quick: bool, repeat: usize) {
+    let (sessions, turns) = (20, if quick { 50 } else { 200 });
+    let history = "[history]\nwindow_messages = 20\nmax_messages = 20000\n";
+    let mut paths: Vec<(u64, &str, bool)> = Vec::new();
+    for think in [0, 20] {
+        for backend in ["memory", "sqlite"] {
+            paths.extend([(think, backend, false), (think, backend, true)]);
+        }
+    }
+    // Per path, per round: p50, p99, turns/s, errors, embeddings and
+    // extraction calls.
+    type Run = (f64, f64, f64, usize, u64, u64, f64);
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); paths.len()];
+    for round in 0..repeat {
+        for (i, &(think, backend, on)) in paths.iter().enumerate() {
+            let sections = if on {
+                format!("{history}{}", long_term_on(""))
+            } else {
+                history.to_owned()
+            };
+            let target = launch(mock, backend, 0, &sections).await;
+            let (embeds, extracts) = (
+                EMBED_CALLS.load(Ordering::Relaxed),
+                EXTRACT_CALLS.load(Ordering::Relaxed),
+            );
+            let started = Instant::now();
+            let think = Duration::from_millis(think);
+            let (mut lat, mut firsts, errors) =
+                user_turns(&target, sessions, turns, round, think).await;
+            let rate = lat.len() as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            if errors > 0 {
+                let kind = BTreeMap::from([("turn failed".to_owned(), errors)]);
+                note_failures(&target.name, "long-term turns", &kind);
+            }
+            // The background jobs finish after the last answer: wait until
+            // the mock has heard nothing for 300 ms (5 s at most), so that
+            // they are counted and take no CPU from the next path.
+            let until = Instant::now() + Duration::from_secs(5);
+            let mut seen = EMBED_CALLS.load(Ordering::Relaxed);
+            while Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let now = EMBED_CALLS.load(Ordering::Relaxed);
+                if now == seen {
+                    break;
+                }
+                seen = now;
+            }
+            runs[i].push((
+                pct(&mut lat, 0.5),
+                pct(&mut lat, 0.99),
+                rate,
+                errors,
+                EMBED_CALLS.load(Ordering::Relaxed) - embeds,
+                EXTRACT_CALLS.load(Ordering::Relaxed) - extracts,
+                pct(&mut firsts, 0.5),
+            ));
+        }
+    }
+    println!();
+    println!(
+        "| long-term turns ({sessions} sessions × {turns} turns, a user each) | turns/s | \
+         errors | p50 ms | p99 ms | first turns p50 ms | embeddings calls | extraction calls |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut off = (0.0, 0.0, 0.0);
+    for (&(think, backend, on), runs) in paths.iter().zip(&runs) {
+        let mid = |f: fn(&Run) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            median_of(&mut v)
+        };
+        let (p50, p99, first) = (mid(|r| r.0), mid(|r| r.1), mid(|r| r.6));
+        let pace = if think == 0 {
+            "closed loop".to_owned()
+        } else {
+            format!("{think} ms between turns")
+        };
+        println!(
+            "| recall ({backend}), {pace}, long-term {} | {:.0} | {} | {p50:.3} | {p99:.3} | \
+             {first:.3} | {:.0} | {:.0} |",
+            if on { "on" } else { "off" },
+            mid(|r| r.2),
+            runs.iter().map(|r| r.3).sum::<usize>(),
+            mid(|r| r.4 as f64),
+            mid(|r| r.5 as f64),
+        );
+        if on {
+            println!(
+                "| recall ({backend}), {pace}, on − off | | | {:+.3} | {:+.3} | {:+.3} | | |",
+                p50 - off.0,
+                p99 - off.1,
+                first - off.2
+            );
+        } else {
+            off = (p50, p99, first);
+        }
+    }
+}
+
+/// A successful answer's JSON body (`Null` if it is not JSON).
+async fn answered(r: reqwest::Result<reqwest::Response>) -> Option<Value> {
+    let r = r.ok().filter(|r| r.status().is_success())?;
+    let bytes = r.bytes().await.ok()?;
+    Some(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// `turn_by_turn` with a user per session (`x-user-id`) and user messages
+/// that state facts (so that extractions store records and searches find
+/// them): the latencies, those of the sessions' first turns, and the
+/// count of failed turns.
+async fn user_turns(
+    target: &Target,
+    sessions: usize,
+    turns: usize,
+    round: usize,
+    think: Duration,
+) -> (Vec<f64>, Vec<f64>, usize) {
+    let client = client();
+    let url = format!("{}/chat/completions", target.base);
+    let workers: Vec<_> = (0..sessions)
+        .map(|s| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let (mut lat, mut first, mut errors) = (Vec::with_capacity(turns), None, 0);
+                let (session, user) = (format!("lt-{round}-{s}"), format!("lt-user-{round}-{s}"));
+                for i in 0..turns {
+                    let text = format!(
+                        "I live in city {s} and I work on project {i}. My note {i} is about \
+                         food and music. What would you suggest for step {i}?"
+                    );
+                    let body = json!({"model": "mock", "stream": false,
+                        "messages": [{"role": "user", "content": text}]});
+                    let t0 = Instant::now();
+                    let r = client
+                        .post(&url)
+                        .header("authorization", "Bearer sk-bench")
+                        .header("x-session-id", &session)
+                        .header("x-user-id", &user)
+                        .json(&body)
+                        .send()
+                        .await;
+                    match answered(r).await {
+                        Some(_) => {
+                            lat.push(ms(t0.elapsed()));
+                            first = first.or((i == 0).then(|| ms(t0.elapsed())));
+                        }
+                        None => errors += 1,
+                    }
+                    if !think.is_zero() {
+                        tokio::time::sleep(think).await;
+                    }
+                }
+                (lat, first, errors)
+            })
+        })
+        .collect();
+    let (mut all, mut firsts, mut errors) = (Vec::new(), Vec::new(), 0);
+    for w in workers {
+        if let Ok((lat, first, e)) = w.await {
+            all.extend(lat);
+            firsts.extend(first);
+            errors += e;
+        }
+    }
+    (all, firsts, errors)
 }
 
 /// A second of the scenario's load, not measured: connections, caches
