@@ -471,7 +471,17 @@ async fn records_stay_within_their_tenant() {
     let path = "/v1/sessions/s1/memory/extract";
     let (status, body) = call(&h, Some(KEY_A), Method::POST, path, None).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(records(&h, Some(KEY_A), "ana").await.len(), 1);
+    let mine = records(&h, Some(KEY_A), "ana").await;
+    assert_eq!(mine.len(), 1);
+    // Shown as the tenant knows them: no tenant in the namespace or session.
+    assert_eq!(
+        mine[0]["namespace"], "/strategies/semantic/users/ana",
+        "{mine:?}"
+    );
+    assert_eq!(
+        (&mine[0]["user"], &mine[0]["session"]),
+        (&json!("ana"), &json!("s1"))
+    );
     // The other tenant's "ana" is someone else.
     assert!(records(&h, Some(KEY_B), "ana").await.is_empty());
     say_as(&h, Some(KEY_B), "ana", "s2", "What snack should I bring?").await;
@@ -591,4 +601,27 @@ async fn each_user_of_a_session_gets_their_own_facts() {
     extract(&h, "s2").await;
     assert!(records(&h, None, "bob").await.is_empty());
     assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS, HANOI]);
+}
+
+#[tokio::test]
+async fn messages_that_leave_the_history_are_still_extracted() {
+    let h = Harness::start(
+        &format!("[history]\nwindow_messages = 2\nmax_messages = 2\n{}", config("")),
+        "models = [\"*\"]",
+    )
+    .await;
+    for fact in [PEANUTS, HANOI, "I play the piano"] {
+        say(&h, "ana", "s1", &format!("{fact}.")).await;
+    }
+    let (_, history) = h.history("s1").await;
+    assert_eq!(
+        history["contents"].as_array().unwrap().len(),
+        2,
+        "{history}"
+    );
+    extract(&h, "s1").await;
+    assert_eq!(
+        texts(&records(&h, None, "ana").await),
+        vec![PEANUTS, HANOI, "I play the piano"]
+    );
 }

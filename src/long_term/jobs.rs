@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::{Extracted, LongTerm, LongTermError};
@@ -50,13 +51,19 @@ impl Drop for Running {
 }
 
 /// Searches `user`'s records for `query` in a task of its own, unless a
-/// search of the session runs (then `query` waits for it); the result is
-/// kept with the session for its next turn.
-pub fn recall(lt: Arc<LongTerm>, session: Arc<Session>, user: String, query: Query) {
-    let Some(first) = session.search_for(query) else {
-        return;
-    };
+/// search of the session runs (then `query` waits for it, and `None` is
+/// returned); the result is kept with the session. The receiver hears
+/// when it is (an inline turn waits for it, for a while).
+pub fn recall(
+    lt: Arc<LongTerm>,
+    session: Arc<Session>,
+    user: String,
+    query: Query,
+) -> Option<oneshot::Receiver<()>> {
+    let first = session.search_for(query)?;
+    let (done, heard) = oneshot::channel();
     tokio::spawn(async move {
+        let mut done = Some(done);
         let mut next = Some(first);
         while let Some(query) = next {
             match lt.recall(&user, &query).await {
@@ -64,9 +71,13 @@ pub fn recall(lt: Arc<LongTerm>, session: Arc<Session>, user: String, query: Que
                 Err(e) => tracing::warn!(session = %session.id, error = %e,
                     "the user's records were not searched; the turn sends the last facts found"),
             }
+            if let Some(done) = done.take() {
+                let _ = done.send(());
+            }
             next = session.search_ended();
         }
     });
+    Some(heard)
 }
 
 /// Extracts what an ended session left unextracted, in the background.
@@ -77,13 +88,16 @@ pub fn after_end(long_term: &Arc<LongTerm>, ended: &Ended, began_ms: i64, id: &s
     };
     let from = ended.extracted_until.saturating_sub(ended.first_seq);
     let from = usize::try_from(from).unwrap_or(usize::MAX);
-    let messages = ended.contents.get(from..).unwrap_or_default().to_vec();
+    let left = ended.contents.get(from..).unwrap_or_default();
+    let messages: Vec<_> = ended.held_back.iter().chain(left).cloned().collect();
     if !lt::worth_extracting(&messages) {
         return;
     }
+    let (user_name, session) = lt::shown_names(&user, id, &ended.users);
     let ex = Extraction {
         user,
-        session: id.to_owned(),
+        user_name,
+        session,
         began_ms,
         until: ended.first_seq + ended.contents.len() as u64,
         messages,

@@ -36,8 +36,10 @@ impl From<LongTermError> for crate::error::ApiError {
 }
 
 /// What an extraction did to its user's records.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Extracted {
+    /// The records it added or updated.
+    pub ids: Vec<String>,
     pub facts: usize,
     pub added: usize,
     pub updated: usize,
@@ -62,6 +64,9 @@ pub struct LongTerm {
 /// A change of the records that met another one is planned again, this
 /// many times at most.
 const ATTEMPTS: usize = 5;
+
+/// A record sent again within this long is not marked recalled again.
+const MARK_RECALLED_EVERY_MS: i64 = 10 * 60 * 1000;
 
 pub struct Parts {
     pub chat: Arc<dyn ChatModel>,
@@ -127,7 +132,7 @@ impl LongTerm {
                     return Err(e.into());
                 }
             };
-            let namespace = lt::namespace(&s.namespace, &s.name, &ex.user, &ex.session);
+            let namespace = lt::namespace(&s.namespace, &s.name, &ex.user_name, &ex.session);
             found.extend(facts.into_iter().map(|f| (f, s, namespace.clone())));
         }
         if found.is_empty() {
@@ -196,6 +201,7 @@ impl LongTerm {
                 record_id,
             );
             let (added, updated, evicted) = (plan.added, plan.updated, plan.evicted);
+            let ids: Vec<String> = plan.put.iter().map(|r| r.id.clone()).collect();
             let changed = self
                 .records
                 .change(&self.storage, user, held.version, plan.put, plan.remove)
@@ -206,6 +212,7 @@ impl LongTerm {
                 m.records(RecordChange::Updated, updated);
                 m.records(RecordChange::Evicted, evicted);
                 return Ok(Extracted {
+                    ids,
                     facts: n,
                     added,
                     updated,
@@ -222,9 +229,11 @@ impl LongTerm {
 
     /// Stores one fact given by hand (the records API), as an extraction
     /// of `strategy` would.
+    /// `user` is the key, `name` the user as the caller knows them.
     pub async fn add(
         &self,
         user: &str,
+        name: &str,
         text: String,
         strategy: &Strategy,
     ) -> Result<Extracted, LongTermError> {
@@ -233,7 +242,7 @@ impl LongTerm {
         let fact = NewFact {
             text,
             strategy: strategy.name.clone(),
-            namespace: lt::namespace(&strategy.namespace, &strategy.name, user, ""),
+            namespace: lt::namespace(&strategy.namespace, &strategy.name, name, ""),
             embedding,
         };
         self.store(user, "", i64::MAX, vec![fact]).await
@@ -275,10 +284,17 @@ impl LongTerm {
             .await?;
         let ranked: Vec<(&Record, f32)> = found.iter().map(|(r, s)| (r, *s)).collect();
         let facts = lt::recalled(&ranked);
-        if !facts.is_empty() {
-            let ids: Vec<String> = facts.iter().map(|f| f.id.clone()).collect();
-            let at = self.clock.now_ms();
-            if let Err(e) = self.records.recalled(&self.storage, user, &ids, at).await {
+        // Eviction needs to know what is used, not when to the second: a
+        // write per search would compete with the turns' own writes.
+        let at = self.clock.now_ms();
+        let stale: Vec<String> = found
+            .iter()
+            .filter(|(r, _)| r.recalled_at < at - MARK_RECALLED_EVERY_MS)
+            .filter(|(r, _)| facts.iter().any(|f| f.id == r.id))
+            .map(|(r, _)| r.id.clone())
+            .collect();
+        if !stale.is_empty() {
+            if let Err(e) = self.records.recalled(&self.storage, user, &stale, at).await {
                 tracing::warn!(error = %e, "could not mark records as recalled");
             }
         }

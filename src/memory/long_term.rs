@@ -5,6 +5,7 @@
 
 pub mod headings;
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -148,15 +149,22 @@ pub fn rank<'a>(
 /// Which records a user over `max` gives up: the least recently used
 /// (recalled or updated), oldest first.
 pub fn evict(records: &[Record], max: usize) -> Vec<usize> {
-    if records.len() <= max {
+    let keys: Vec<(i64, i64)> = records
+        .iter()
+        .map(|r| (r.recalled_at.max(r.updated_at), r.created_at))
+        .collect();
+    least_used(&keys, max)
+}
+
+/// The indexes of the `keys.len() - max` smallest keys (last use, then
+/// creation), smallest first.
+fn least_used(keys: &[(i64, i64)], max: usize) -> Vec<usize> {
+    if keys.len() <= max {
         return Vec::new();
     }
-    let mut order: Vec<usize> = (0..records.len()).collect();
-    order.sort_by_key(|&i| {
-        let r = &records[i];
-        (r.recalled_at.max(r.updated_at), r.created_at)
-    });
-    order.truncate(records.len() - max);
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by_key(|&i| keys[i]);
+    order.truncate(keys.len() - max);
     order
 }
 
@@ -189,7 +197,8 @@ pub struct Origin<'a> {
 
 /// Merges `facts` into `known` in order (a fact may update one found
 /// before it in the same answer), then gives up the least recently used
-/// records past `max`.
+/// records past `max`. Only what changes is copied: a user may hold
+/// thousands of records.
 pub fn plan(
     known: &[Record],
     facts: Vec<NewFact>,
@@ -198,58 +207,80 @@ pub fn plan(
     max: usize,
     mut new_id: impl FnMut() -> String,
 ) -> Plan {
-    let mut all = known.to_vec();
-    let mut touched = vec![false; known.len()];
+    let mut updated: HashMap<usize, Record> = HashMap::new();
+    let mut added: Vec<Record> = Vec::new();
     for f in facts {
-        match merge(&all, &f.namespace, &f.embedding, threshold) {
-            Merge::Update { index, .. } => {
-                let r = &mut all[index];
-                r.text = f.text;
-                r.embedding = f.embedding;
-                r.session = origin.session.to_owned();
-                r.updated_at = origin.now_ms;
-                if let Some(t) = touched.get_mut(index) {
-                    *t = true;
-                }
+        let closest = {
+            let known = known
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (Slot::Known(i), updated.get(&i).unwrap_or(r)));
+            let added = added.iter().enumerate().map(|(j, r)| (Slot::Added(j), r));
+            known
+                .chain(added)
+                .filter(|(_, r)| r.namespace == f.namespace)
+                .map(|(slot, r)| (slot, cosine(&r.embedding, &f.embedding)))
+                .filter(|&(_, score)| score >= threshold)
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(slot, _)| slot)
+        };
+        let target = match closest {
+            Some(Slot::Known(i)) => updated.entry(i).or_insert_with(|| known[i].clone()),
+            Some(Slot::Added(j)) => &mut added[j],
+            None => {
+                added.push(Record {
+                    id: new_id(),
+                    text: f.text,
+                    strategy: f.strategy,
+                    namespace: f.namespace,
+                    user: origin.user.to_owned(),
+                    session: origin.session.to_owned(),
+                    created_at: origin.now_ms,
+                    updated_at: origin.now_ms,
+                    recalled_at: 0,
+                    embedding: f.embedding,
+                });
+                continue;
             }
-            Merge::Add => all.push(Record {
-                id: new_id(),
-                text: f.text,
-                strategy: f.strategy,
-                namespace: f.namespace,
-                user: origin.user.to_owned(),
-                session: origin.session.to_owned(),
-                created_at: origin.now_ms,
-                updated_at: origin.now_ms,
-                recalled_at: 0,
-                embedding: f.embedding,
-            }),
-        }
+        };
+        target.text = f.text;
+        target.embedding = f.embedding;
+        target.session = origin.session.to_owned();
+        target.updated_at = origin.now_ms;
     }
-    let mut gone = vec![false; all.len()];
-    for i in evict(&all, max) {
-        gone[i] = true;
-    }
+    let used = |r: &Record| (r.recalled_at.max(r.updated_at), r.created_at);
+    let keys: Vec<(i64, i64)> = known
+        .iter()
+        .enumerate()
+        .map(|(i, r)| used(updated.get(&i).unwrap_or(r)))
+        .chain(added.iter().map(used))
+        .collect();
+    let gone: HashSet<usize> = least_used(&keys, max).into_iter().collect();
     let mut plan = Plan::default();
-    for (i, r) in all.into_iter().enumerate() {
-        let old = i < known.len();
-        match (old, gone[i]) {
-            (true, true) => {
-                plan.remove.push(r.id);
-                plan.evicted += 1;
-            }
-            (true, false) if touched[i] => {
-                plan.put.push(r);
-                plan.updated += 1;
-            }
-            (false, false) => {
-                plan.put.push(r);
-                plan.added += 1;
-            }
-            _ => {}
+    for i in (0..known.len()).filter(|i| gone.contains(i)) {
+        plan.remove.push(known[i].id.clone());
+        plan.evicted += 1;
+    }
+    let mut kept_updates: Vec<(usize, Record)> = updated
+        .into_iter()
+        .filter(|(i, _)| !gone.contains(i))
+        .collect();
+    kept_updates.sort_by_key(|(i, _)| *i);
+    plan.updated = kept_updates.len();
+    plan.put.extend(kept_updates.into_iter().map(|(_, r)| r));
+    for (j, r) in added.into_iter().enumerate() {
+        if !gone.contains(&(known.len() + j)) {
+            plan.put.push(r);
+            plan.added += 1;
         }
     }
     plan
+}
+
+#[derive(Clone, Copy)]
+enum Slot {
+    Known(usize),
+    Added(usize),
 }
 
 /// The answer format every strategy's prompt is followed by.
@@ -347,6 +378,30 @@ pub fn query_text(reply: Option<&Message>, asked: &Message) -> String {
     match reply {
         Some(r) => format!("{}\n{}", summary::said(r), summary::said(asked)),
         None => summary::said(asked),
+    }
+}
+
+/// The user and the session as their callers know them, from the user's
+/// key and the session's id (which carry the tenant when there is one),
+/// given the names the session's users spoke as: namespaces and records
+/// show these, never a tenant.
+pub fn shown_names(key: &str, session_id: &str, users: &[String]) -> (String, String) {
+    let name = users
+        .iter()
+        .filter(|n| {
+            key == n.as_str()
+                || key
+                    .strip_suffix(n.as_str())
+                    .is_some_and(|p| p.ends_with(':'))
+        })
+        .max_by_key(|n| n.len());
+    match name {
+        Some(n) => {
+            let prefix = &key[..key.len() - n.len()];
+            let session = session_id.strip_prefix(prefix).unwrap_or(session_id);
+            (n.clone(), session.to_owned())
+        }
+        None => (key.to_owned(), session_id.to_owned()),
     }
 }
 

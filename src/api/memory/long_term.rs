@@ -25,35 +25,33 @@ pub(crate) async fn for_turn(app: &Arc<App>, id: &str, due: LongTermDue) -> Opti
             ex,
         ));
     }
+    let config = &long_term.config;
+    let within = Duration::from_millis(config.inline_timeout_ms);
     let mut facts = due.facts;
     if facts.is_none() {
         // A session's first turn here: a read of the user's records, which
-        // a process serves from its cache once it has read them.
-        match long_term.recent(&user).await {
-            Ok(recent) => session.start_recalled(&user, recent),
-            Err(e) => tracing::warn!(error = %e, "the user's records could not be read"),
+        // a process serves from its cache once it has read them; bounded,
+        // as a storage that is slow now must not hold the turn.
+        match tokio::time::timeout(within, long_term.recent(&user)).await {
+            Ok(Ok(recent)) => session.start_recalled(&user, recent),
+            Ok(Err(e)) => tracing::warn!(error = %e, "the user's records could not be read"),
+            Err(_) => tracing::warn!("the user's records were not read in time"),
         }
         facts = session.recalled_facts(&user);
     }
     if let Some(query) = due.query {
-        let config = &long_term.config;
-        let found = if config.retrieve == Retrieve::Inline {
-            let within = Duration::from_millis(config.inline_timeout_ms);
-            tokio::time::timeout(within, long_term.recall(&user, &query))
-                .await
-                .ok()
-                .and_then(Result::ok)
-        } else {
-            None
-        };
-        match found {
-            Some(found) => {
-                session.recalled(&user, query.for_seq, found);
+        let searching = jobs::recall(
+            Arc::clone(long_term),
+            Arc::clone(&session),
+            user.clone(),
+            query,
+        );
+        // Inline: the turn waits for the search, for a while; else (or
+        // past that) its result is for the next turn.
+        if let (Retrieve::Inline, Some(heard)) = (config.retrieve, searching) {
+            if let Ok(Ok(())) = tokio::time::timeout(within, heard).await {
                 facts = session.recalled_facts(&user);
             }
-            // Prefetch, or inline too slow: the search runs on, for the
-            // next turn.
-            None => jobs::recall(Arc::clone(long_term), Arc::clone(&session), user, query),
         }
     }
     lt::facts_message(&long_term.config.template, facts.as_deref()?)

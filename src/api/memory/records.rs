@@ -245,13 +245,12 @@ pub async fn add_record(
     .ok_or_else(|| {
         RequestError::invalid("`strategy` names no configured strategy", Some("strategy"))
     })?;
-    let done = long_term.add(&user.key, text.clone(), strategy).await?;
+    let done = long_term.add(&user.key, &user.name, text, strategy).await?;
     let held = app.records.of(&app.policy.storage, &user.key).await?;
     let stored = held
         .records
         .iter()
-        .filter(|r| r.text == text && r.strategy == strategy.name)
-        .max_by_key(|r| r.updated_at)
+        .find(|r| done.ids.first() == Some(&r.id))
         .ok_or(ApiError::Internal)?;
     let mut v = record_json(&user.name, stored);
     v["updated"] = json!(done.updated > 0);

@@ -197,3 +197,20 @@ fn the_extraction_prompt_reads_the_conversation_as_heard() {
         "Noted.\nI am allergic to peanuts."
     );
 }
+
+#[test]
+fn names_are_shown_without_the_tenant() {
+    let users = vec!["ana".to_owned(), "na".to_owned()];
+    assert_eq!(
+        shown_names("t1:ana", "t1:s1", &users),
+        ("ana".to_owned(), "s1".to_owned())
+    );
+    assert_eq!(
+        shown_names("ana", "s1", &users),
+        ("ana".to_owned(), "s1".to_owned())
+    );
+    assert_eq!(
+        shown_names("t1:bob", "t1:s1", &users),
+        ("t1:bob".to_owned(), "t1:s1".to_owned())
+    );
+}

@@ -84,8 +84,10 @@ pub struct Ended {
     /// The sequence number of `contents[0]`.
     pub first_seq: u64,
     /// Messages from this sequence number on were not extracted into its
-    /// user's long-term memory.
+    /// user's long-term memory, nor `held_back` (older ones, no longer in
+    /// `contents`).
     pub extracted_until: u64,
+    pub held_back: Vec<Arc<Message>>,
 }
 
 /// Messages appended through an API, as stored, and the sequence number
@@ -255,6 +257,7 @@ impl Session {
             }
         }
         st.ended = true;
+        let (extracted_until, held_back) = st.long_term.left();
         let ended = Ended {
             turn_id: st.turn_id,
             users: std::mem::take(&mut st.users),
@@ -262,7 +265,8 @@ impl Session {
             contents: st.replace_messages(Vec::new()),
             remembered: st.remembered.clone(),
             first_seq: st.first_seq,
-            extracted_until: st.long_term.extracted_until(),
+            extracted_until,
+            held_back,
         };
         let ticket = if policy.storage.persistent() {
             // Expected: a session another replica went on with is not

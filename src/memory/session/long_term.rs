@@ -13,11 +13,19 @@ use super::{Refused, Session};
 use crate::memory::long_term::{self, Fact};
 use crate::memory::message::{Message, Role};
 
+/// The most messages one extraction reads (the newest), and the most a
+/// session keeps for it after they left its history: a model failing for
+/// a long time does not make every later extraction longer.
+const MAX_EXTRACTED: usize = 200;
+
 #[derive(Debug, Clone, Default)]
 pub(super) struct LongTermState {
     recalled: Option<Recalled>,
     /// Messages from this sequence number on are not extracted yet.
     extracted_until: u64,
+    /// Messages not extracted yet that left the history (`max_messages`,
+    /// `max_bytes`), by sequence number: kept here until extracted.
+    held: Vec<(u64, Arc<Message>)>,
     /// An extraction of this session runs in this process.
     extracting: bool,
     /// A search for this session runs in this process; the newest query
@@ -39,7 +47,11 @@ struct Recalled {
 /// Messages of a session to extract facts from, for its user.
 #[derive(Debug, Clone)]
 pub struct Extraction {
+    /// The user's key (tenant-scoped), whose records these are.
     pub user: String,
+    /// The user and the session as the caller knows them
+    /// (`long_term::shown_names`): what namespaces and records show.
+    pub user_name: String,
     pub session: String,
     /// When the session began: records forgotten since are not written
     /// back from it.
@@ -110,9 +122,12 @@ impl Session {
                 for_seq: st.first_seq + i as u64,
             }
         });
-        let unextracted = self.unextracted(st);
-        let said = unextracted
+        let said = st
+            .long_term
+            .held
             .iter()
+            .map(|(_, m)| m)
+            .chain(self.unextracted(st))
             .filter(|m| m.role == Role::User && crate::memory::summary::read(m))
             .count();
         let extract = (!st.long_term.extracting && said >= every_turns.max(1))
@@ -149,14 +164,26 @@ impl Session {
             .min(st.messages.len())..]
     }
 
-    /// Everything not extracted yet, marked as being extracted.
+    /// Everything not extracted yet (the newest `MAX_EXTRACTED` messages
+    /// of it), marked as being extracted.
     fn extraction(&self, st: &mut State, user: &str) -> Extraction {
         st.long_term.extracting = true;
+        let mut messages: Vec<Arc<Message>> = st
+            .long_term
+            .held
+            .iter()
+            .map(|(_, m)| Arc::clone(m))
+            .chain(self.unextracted(st).iter().cloned())
+            .collect();
+        let over = messages.len().saturating_sub(MAX_EXTRACTED);
+        messages.drain(..over);
+        let (user_name, session) = long_term::shown_names(user, &self.id, &st.users);
         Extraction {
             user: user.to_owned(),
-            session: self.id.clone(),
+            user_name,
+            session,
             began_ms: self.created_ms,
-            messages: self.unextracted(st).to_vec(),
+            messages,
             until: st.first_seq + st.messages.len() as u64,
         }
     }
@@ -174,7 +201,9 @@ impl Session {
         let Some(user) = self.memory_user(&st) else {
             return Ok(ExtractNow::Nothing);
         };
-        if !long_term::worth_extracting(self.unextracted(&st)) {
+        let held = st.long_term.held.iter().map(|(_, m)| Arc::clone(m));
+        let left: Vec<Arc<Message>> = held.chain(self.unextracted(&st).iter().cloned()).collect();
+        if !long_term::worth_extracting(&left) {
             return Ok(ExtractNow::Nothing);
         }
         Ok(ExtractNow::Start(self.extraction(&mut st, &user)))
@@ -186,6 +215,7 @@ impl Session {
         st.long_term.extracting = false;
         if let Some(until) = until {
             st.long_term.extracted_until = st.long_term.extracted_until.max(until);
+            st.long_term.held.retain(|(seq, _)| *seq >= until);
         }
     }
 
@@ -275,8 +305,23 @@ impl LongTermState {
         self.recalled = None;
     }
 
-    /// What is left to extract of an ended session.
-    pub(super) fn extracted_until(&self) -> u64 {
-        self.extracted_until
+    /// What is left to extract of an ended session: from this sequence
+    /// number on, and what left its history before.
+    pub(super) fn left(&self) -> (u64, Vec<Arc<Message>>) {
+        let held = self.held.iter().map(|(_, m)| Arc::clone(m)).collect();
+        (self.extracted_until, held)
+    }
+
+    /// `messages` (from sequence number `first_seq`) leave the history:
+    /// those not extracted yet are kept until they are.
+    pub(super) fn hold_back(&mut self, messages: &[Arc<Message>], first_seq: u64) {
+        for (i, m) in messages.iter().enumerate() {
+            let seq = first_seq + i as u64;
+            if seq >= self.extracted_until {
+                self.held.push((seq, Arc::clone(m)));
+            }
+        }
+        let over = self.held.len().saturating_sub(MAX_EXTRACTED);
+        self.held.drain(..over);
     }
 }

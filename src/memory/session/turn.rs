@@ -440,6 +440,9 @@ impl Session {
             (by_count, TrimReason::MaxMessages)
         };
         if drop > 0 {
+            if policy.long_term.enabled {
+                st.long_term.hold_back(&st.messages[..drop], st.first_seq);
+            }
             st.drop_oldest(drop);
             let from = st.first_seq;
             st.first_seq += drop as u64;
