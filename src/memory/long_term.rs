@@ -29,7 +29,9 @@ pub struct Record {
     /// When a recall last sent it (eviction keeps what is used).
     #[serde(default)]
     pub recalled_at: i64,
-    pub embedding: Vec<f32>,
+    /// Shared: a change of a user's records copies the records, not their
+    /// kilobytes of numbers.
+    pub embedding: Arc<[f32]>,
 }
 
 /// Why an extraction answer holds no facts to store.
@@ -238,13 +240,13 @@ pub fn plan(
                     created_at: origin.now_ms,
                     updated_at: origin.now_ms,
                     recalled_at: 0,
-                    embedding: f.embedding,
+                    embedding: f.embedding.into(),
                 });
                 continue;
             }
         };
         target.text = f.text;
-        target.embedding = f.embedding;
+        target.embedding = f.embedding.into();
         target.session = origin.session.to_owned();
         target.updated_at = origin.now_ms;
     }

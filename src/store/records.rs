@@ -63,6 +63,7 @@ impl Records {
                         return Ok(Arc::clone(&held));
                     }
                     let held = Arc::new(sqlite::records::load(conn, &user)?);
+                    make_room(&cache, &user);
                     cache.insert(user, Arc::clone(&held));
                     Ok(held)
                 })
@@ -74,6 +75,7 @@ impl Records {
                     return Ok(held);
                 }
                 let held = Arc::new(r.records_load(user).await?);
+                make_room(&self.cache, user);
                 newer(&self.cache, user, Arc::clone(&held));
                 Ok(held)
             }
@@ -241,6 +243,21 @@ impl Records {
     }
 }
 
+/// Users whose records a process keeps with persistent storage, at most
+/// (memory storage keeps every user: the cache is its store). Another
+/// user's go to make room; they are read again when next needed.
+const MAX_CACHED_USERS: usize = 1000;
+
+fn make_room(cache: &Cache, user: &str) {
+    if cache.len() < MAX_CACHED_USERS {
+        return;
+    }
+    let other = cache.iter().map(|e| e.key().clone()).find(|k| k != user);
+    if let Some(other) = other {
+        cache.remove(&other);
+    }
+}
+
 /// `held` after a change, at the next version.
 fn applied(held: &Held, put: &[Record], remove: &[String]) -> Held {
     let mut by_id: BTreeMap<&str, &Record> =
@@ -314,7 +331,7 @@ pub(crate) fn body(r: &Record) -> Result<String, StorageError> {
         created_at: r.created_at,
         updated_at: r.updated_at,
         recalled_at: r.recalled_at,
-        embedding: Vec::new(),
+        embedding: Arc::from(Vec::new()),
     };
     let mut v = serde_json::to_value(&bare).map_err(|e| corrupt(&r.id, e))?;
     if let Value::Object(o) = &mut v {
@@ -336,7 +353,7 @@ pub(crate) fn record(body: &str, blob: &[u8]) -> Result<Record, StorageError> {
         .to_owned();
     o.insert("embedding".into(), Value::Array(Vec::new()));
     let mut r: Record = serde_json::from_value(v).map_err(|e| corrupt(&id, e))?;
-    r.embedding = from_blob(blob).map_err(|e| corrupt(&id, e))?;
+    r.embedding = from_blob(blob).map_err(|e| corrupt(&id, e))?.into();
     Ok(r)
 }
 

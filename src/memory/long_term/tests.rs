@@ -11,7 +11,7 @@ fn record(id: &str, namespace: &str, embedding: Vec<f32>, updated_at: i64) -> Re
         created_at: updated_at,
         updated_at,
         recalled_at: 0,
-        embedding,
+        embedding: embedding.into(),
     }
 }
 

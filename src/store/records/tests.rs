@@ -110,7 +110,7 @@ fn rec(id: &str, text: &str, embedding: Vec<f32>) -> Record {
         created_at: 1_700_000_000_123,
         updated_at: 1_700_000_000_456,
         recalled_at: 0,
-        embedding,
+        embedding: embedding.into(),
     }
 }
 
@@ -156,7 +156,7 @@ async fn records_come_back_as_put_with_their_embeddings_exact() {
             assert!(held.records[0].embedding.is_empty(), "{}", b.name);
             assert_eq!(bits(&held.records[1].embedding), bits(&odd), "{}", b.name);
             let mut fields = held.records[1].clone();
-            fields.embedding = Vec::new();
+            fields.embedding = Vec::new().into();
             assert_eq!(fields, rec("b", "likes tea", vec![]), "{}", b.name);
         }
     }
@@ -201,7 +201,7 @@ async fn a_change_at_a_stale_version_writes_nothing() {
                 b.name
             );
             assert_eq!(held.records[0].text, "two, again", "{}", b.name);
-            assert_eq!(held.records[0].embedding, [2.5], "{}", b.name);
+            assert_eq!(*held.records[0].embedding, [2.5], "{}", b.name);
         }
     }
 }
@@ -321,7 +321,7 @@ async fn recalled_sets_the_time_without_moving_the_version() {
             assert_eq!(ids(&held), ["a", "b"], "{}", b.name);
             assert_eq!(held.records[0].recalled_at, 0, "{}", b.name);
             assert_eq!(held.records[1].recalled_at, 777, "{}", b.name);
-            assert_eq!(held.records[1].embedding, [2.0], "{}", b.name);
+            assert_eq!(*held.records[1].embedding, [2.0], "{}", b.name);
         }
         if b.name == "redis" {
             // Another replica's copy is still current: nothing to reload.
@@ -355,7 +355,7 @@ async fn sqlite_records_outlive_the_process() {
     let again = Storage::open(&config, &Metrics::default()).await.unwrap();
     let held = Records::default().of(&again, &user).await.unwrap();
     assert_eq!((held.version, ids(&held)), (1, vec!["a"]));
-    assert_eq!(held.records[0].embedding, [0.5, -1.5]);
+    assert_eq!(*held.records[0].embedding, [0.5, -1.5]);
     assert_eq!(held.records[0].recalled_at, 99);
 }
 
