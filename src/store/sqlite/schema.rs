@@ -88,6 +88,14 @@ pub(super) fn connect(path: &str) -> Result<Connection, StorageError> {
     Ok(conn)
 }
 
+/// A busy handler for connections that write beside another one: waits
+/// 100 µs a try, for up to 5 s (SQLite's own sleeps grow to 100 ms, which
+/// a turn would wait through for a lock held a millisecond).
+pub(super) fn brief_waits(tries: i32) -> bool {
+    std::thread::sleep(std::time::Duration::from_micros(100));
+    tries < 50_000
+}
+
 pub(super) fn migrate(conn: &Connection) -> Result<(), StorageError> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     let version = usize::try_from(version).unwrap_or(0);
