@@ -60,3 +60,35 @@ def test_the_model_still_names_the_user_after_thirty_turns_and_in_their_next_ses
         # Another user starts with nothing carried.
         bob = client(base, "py-memory-3", "bob")
         assert "My notes say" not in say(bob, "Hello.")
+
+
+def test_a_fact_told_in_one_session_is_recalled_in_the_next_when_relevant():
+    """README's "Long-term memory", on the shipped `config/demo-long-term.toml`."""
+    with shipped_config("demo-long-term.toml") as base:
+        say(client(base, "py-monday", "ana"), "I am allergic to peanuts. I live in Hanoi.")
+        status, _ = http("DELETE", f"{base}/v1/sessions/py-monday")
+        assert status == 200
+
+        def records():
+            status, body = http("GET", f"{base}/v1/users/ana/memory/records")
+            return body["data"] if status == 200 and len(body["data"]) == 2 else None
+
+        texts = sorted(r["text"] for r in wait_for(records, "records for ana"))
+        assert texts == ["I am allergic to peanuts", "I live in Hanoi"]
+        answer = say(client(base, "py-tuesday", "ana"), "What snack should I bring?")
+        assert answer.endswith(
+            "My notes say: Relevant facts about the user:\n- I am allergic to peanuts"), answer
+        assert "My notes say" not in say(client(base, "py-wednesday", "ana"), "Can you recommend some music?")
+        # Searched through the API, the same facts by meaning.
+        status, found = http("POST", f"{base}/v1/users/ana/memory/records/search",
+                             {"query": "What snack should I bring?", "score_threshold": 0})
+        assert status == 200
+        assert [r["text"] for r in found["data"]][0] == "I am allergic to peanuts"
+        status, err = http("POST", f"{base}/v1/users/ana/memory/records/search",
+                           {"query": "snack", "limit": 201})
+        assert status == 400 and err["error"]["param"] == "limit"
+        # Forgetting the user forgets the records.
+        status, gone = http("DELETE", f"{base}/v1/users/ana/memory")
+        assert status == 200 and gone["records"] == 2
+        status, left = http("GET", f"{base}/v1/users/ana/memory/records")
+        assert left["data"] == []
