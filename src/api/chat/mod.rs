@@ -228,13 +228,16 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
             // stored: the two overlap, and the reply's end (what tells the
             // client the turn happened) waits for both.
             flight.opened(std::mem::take(&mut prepared.durable));
-            // A read of the user's records, or an inline search: a client
-            // that leaves meanwhile settles its reply like one that leaves
-            // during the upstream call.
-            let gone = crate::proxy::relay::GoneGuard::armed(&flight);
-            let due = std::mem::take(&mut prepared.long_term);
-            facts = crate::api::memory::long_term::for_turn(app, &ran_in, due).await;
-            gone.disarm();
+            if app.long_term.is_some() {
+                // A read of the user's records, or an inline search: a
+                // client that leaves meanwhile settles its reply like one
+                // that leaves during the upstream call. Boxed: its state
+                // would otherwise grow every turn's future.
+                let gone = crate::proxy::relay::GoneGuard::armed(&flight);
+                let due = std::mem::take(&mut prepared.long_term);
+                facts = Box::pin(crate::api::memory::long_term::for_turn(app, &ran_in, due)).await;
+                gone.disarm();
+            }
             (prepared, flight, Some(ran_in))
         }
         // Stateless: the client manages its own history; send it as is.
