@@ -26,22 +26,6 @@ async fn harness(extra: &str) -> Harness {
     Harness::start(&config(extra), "models = [\"*\"]").await
 }
 
-/// Sends `text` in `session` as `user`, with client key `key` if given.
-async fn say_as(h: &Harness, key: Option<&str>, user: &str, session: &str, text: &str) -> Value {
-    let mut req = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", session)
-        .header("x-user-id", user)
-        .json(&json!({"model": "gpt-test", "messages": [{"role": "user", "content": text}]}));
-    if let Some(key) = key {
-        req = req.bearer_auth(key);
-    }
-    let resp = req.send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
-}
-
 async fn memory_as(
     h: &Harness,
     key: Option<&str>,

@@ -33,22 +33,10 @@ async fn harness(extra: &str) -> Harness {
     Harness::start(&config(extra), "models = [\"*\"]").await
 }
 
-/// Sends `text` in `session` as `user` (with client key `key`), and
-/// returns how long the turn took.
-async fn say_as(h: &Harness, key: Option<&str>, user: &str, session: &str, text: &str) -> Duration {
+/// How long `say_as` took.
+async fn timed(h: &Harness, user: &str, session: &str, text: &str) -> Duration {
     let started = Instant::now();
-    let mut req = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", session)
-        .header("x-user-id", user)
-        .json(&json!({"model": "gpt-test", "messages": [{"role": "user", "content": text}]}));
-    if let Some(key) = key {
-        req = req.bearer_auth(key);
-    }
-    let resp = req.send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let _: Value = resp.json().await.unwrap();
+    say_as(h, None, user, session, text).await;
     started.elapsed()
 }
 
@@ -190,7 +178,7 @@ async fn inline_retrieval_sends_the_related_fact_in_the_same_turn() {
     let h2 = told_then_asked("retrieve = \"inline\"\ninline_timeout_ms = 100").await;
     h2.upstream
         .embeddings(LongTermMode::Slow(Duration::from_secs(2)));
-    let took = say_as(&h2, None, "ana", "s2", "What snack should I bring?").await;
+    let took = timed(&h2, "ana", "s2", "What snack should I bring?").await;
     assert!(
         took < Duration::from_millis(1500),
         "the turn waited {took:?}"
@@ -298,7 +286,7 @@ async fn slow_models_never_delay_a_turn() {
         .iter()
         .enumerate()
     {
-        slowest = slowest.max(say_as(&h, None, "ana", &format!("s{}", i / 2), text).await);
+        slowest = slowest.max(timed(&h, "ana", &format!("s{}", i / 2), text).await);
     }
     // Each turn started an extraction and a search that take 2 s or more.
     assert!(
@@ -606,7 +594,10 @@ async fn each_user_of_a_session_gets_their_own_facts() {
 #[tokio::test]
 async fn messages_that_leave_the_history_are_still_extracted() {
     let h = Harness::start(
-        &format!("[history]\nwindow_messages = 2\nmax_messages = 2\n{}", config("")),
+        &format!(
+            "[history]\nwindow_messages = 2\nmax_messages = 2\n{}",
+            config("")
+        ),
         "models = [\"*\"]",
     )
     .await;

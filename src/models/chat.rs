@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -49,7 +49,7 @@ pub trait ChatModel: Send + Sync {
     fn complete(&self, messages: Vec<Value>) -> BoxFuture<'_, Result<String, ModelError>>;
 }
 
-/// The summary model as an upstream serves it.
+/// A chat model as an upstream serves it.
 pub struct UpstreamChat {
     pub upstream: Arc<Upstream>,
     pub model: String,
@@ -63,30 +63,44 @@ impl ChatModel for UpstreamChat {
     fn complete(&self, messages: Vec<Value>) -> BoxFuture<'_, Result<String, ModelError>> {
         Box::pin(async move {
             let body = json!({"model": self.model, "messages": messages, "stream": false});
-            // A place under the upstream's `max_concurrent`, in line with
-            // the live requests.
-            let _slot = self.upstream.slot().await?;
-            let resp = self
-                .upstream
-                .send_chat(&HeaderMap::new(), body.to_string().into())
-                .await?;
-            let status = resp.status();
-            let bytes = read(&self.upstream, resp).await?;
-            if !status.is_success() {
-                return Err(ModelError::Status {
-                    status: status.as_u16(),
-                    message: error_message(&bytes),
-                });
-            }
-            answer_text(&bytes)
+            answer_text(&call(&self.upstream, None, &body).await?)
         })
     }
 }
 
-pub(super) async fn read(
+/// The body of a successful answer to `body` posted to the upstream's
+/// chat completions, or with `path` to that path; an error status is an
+/// error, with the upstream's message.
+pub(super) async fn call(
     upstream: &Upstream,
-    resp: reqwest::Response,
+    path: Option<&str>,
+    body: &Value,
 ) -> Result<Vec<u8>, ModelError> {
+    // A place under the upstream's `max_concurrent`, in line with the live
+    // requests.
+    let _slot = upstream.slot().await?;
+    let body = body.to_string().into();
+    let resp = match path {
+        None => upstream.send_chat(&HeaderMap::new(), body).await?,
+        Some(path) => {
+            let headers = HeaderMap::new();
+            upstream
+                .send(Method::POST, path, &headers, Some(body))
+                .await?
+        }
+    };
+    let status = resp.status();
+    let bytes = read(upstream, resp).await?;
+    if !status.is_success() {
+        return Err(ModelError::Status {
+            status: status.as_u16(),
+            message: error_message(&bytes),
+        });
+    }
+    Ok(bytes)
+}
+
+async fn read(upstream: &Upstream, resp: reqwest::Response) -> Result<Vec<u8>, ModelError> {
     let mut body = upstream.body(resp);
     let mut all = Vec::new();
     while let Some(piece) = body.next().await {
@@ -114,7 +128,7 @@ pub(crate) fn answer_text(body: &[u8]) -> Result<String, ModelError> {
     }
 }
 
-pub(super) fn error_message(body: &[u8]) -> String {
+fn error_message(body: &[u8]) -> String {
     serde_json::from_slice::<Value>(body)
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))

@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, Method};
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
 
-use super::chat::{error_message, read};
+use super::chat::call;
 use super::ModelError;
 use crate::proxy::upstream::Upstream;
 
@@ -31,24 +30,7 @@ impl EmbeddingModel for UpstreamEmbedding {
         Box::pin(async move {
             let n = texts.len();
             let body = json!({"model": self.model, "input": texts, "encoding_format": "float"});
-            let _slot = self.upstream.slot().await?;
-            let resp = self
-                .upstream
-                .send(
-                    Method::POST,
-                    "/embeddings",
-                    &HeaderMap::new(),
-                    Some(body.to_string().into()),
-                )
-                .await?;
-            let status = resp.status();
-            let bytes = read(&self.upstream, resp).await?;
-            if !status.is_success() {
-                return Err(ModelError::Status {
-                    status: status.as_u16(),
-                    message: error_message(&bytes),
-                });
-            }
+            let bytes = call(&self.upstream, Some("/embeddings"), &body).await?;
             vectors(&bytes, n)
         })
     }

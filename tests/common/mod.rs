@@ -568,6 +568,29 @@ pub fn storage_section() -> String {
     }
 }
 
+/// Sends `text` in `session` as `user` (the `x-user-id` header), with
+/// client key `key` if given; the turn must succeed.
+pub async fn say_as(
+    h: &Harness,
+    key: Option<&str>,
+    user: &str,
+    session: &str,
+    text: &str,
+) -> Value {
+    let mut req = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", session)
+        .header("x-user-id", user)
+        .json(&json!({"model": "gpt-test", "messages": [{"role": "user", "content": text}]}));
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
 /// A recall server in front of a mock upstream.
 pub struct Harness {
     pub url: String,
