@@ -525,10 +525,22 @@ async fn records_survive_a_restart_on_sqlite() {
 
 #[tokio::test]
 async fn two_redis_replicas_share_records() {
-    let Ok(url) = std::env::var("RECALL_TEST_REDIS_URL") else {
-        return;
-    };
-    let prefix = format!("lt{}", std::process::id());
+    if let Ok(url) = std::env::var("RECALL_TEST_REDIS_URL") {
+        two_replicas_share_records(&url, "one").await;
+    }
+}
+
+/// On a cluster, a user's records are under one hash tag: the scripts
+/// that change them run in its slot.
+#[tokio::test]
+async fn two_redis_cluster_replicas_share_records() {
+    if let Ok(url) = std::env::var("RECALL_TEST_REDIS_CLUSTER_URL") {
+        two_replicas_share_records(&url, "cluster").await;
+    }
+}
+
+async fn two_replicas_share_records(url: &str, tag: &str) {
+    let prefix = format!("lt{tag}{}", std::process::id());
     let toml = config(&format!(
         "[storage]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"{prefix}\""
     ));
