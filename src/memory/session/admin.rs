@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::long_term::Recall;
+use super::facts::Recall;
 use super::state::State;
 use super::{Policy, Refused, Session};
 use crate::config::OnNewRequest;

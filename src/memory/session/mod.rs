@@ -20,6 +20,7 @@
 //! map of sessions.
 
 mod admin;
+mod facts;
 mod items;
 mod long_term;
 mod persist;
@@ -34,7 +35,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use admin::{Appended, EndWhen, Ended, Overview};
-pub use long_term::{ExtractNow, Extraction, LongTermDue, Query, Recall};
+pub use facts::{Query, Recall};
+pub use long_term::{ExtractNow, Extraction, LongTermDue};
 pub use record::Interrupted;
 pub use remember::{Applied, FoldNow};
 pub use reply::Reply;

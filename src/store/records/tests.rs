@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::stored::{body, from_blob, to_blob};
 use super::*;
 use crate::config::{StorageBackend, StorageConfig};
 use crate::metrics::Metrics;

@@ -12,7 +12,7 @@ use redis::{Script, Value};
 use super::read::decode;
 use super::Redis;
 use crate::memory::long_term::Record;
-use crate::store::records::{body, record, to_blob, with_recalled, Held};
+use crate::store::records::stored::{body, record, to_blob, with_recalled, Held};
 use crate::store::StorageError;
 
 /// KEYS: rec, vec, rver. ARGV: the version expected, how many ids are

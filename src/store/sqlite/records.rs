@@ -14,7 +14,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::Sqlite;
 use crate::memory::long_term::Record;
-use crate::store::records::{body, record, to_blob, with_recalled, Held};
+use crate::store::records::stored::{body, record, to_blob, with_recalled, Held};
 use crate::store::StorageError;
 
 impl Sqlite {

@@ -1,0 +1,91 @@
+//! A user's records as they are stored: `Held`, a record's JSON without
+//! its embedding, and the embedding as little-endian `f32`s. Shared by
+//! the SQLite and Redis backends, and nothing else of `records`.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::memory::long_term::Record;
+use crate::store::StorageError;
+
+/// One user's records as stored at `version`; `forgotten_at` is when they
+/// were last all forgotten (0 never).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Held {
+    pub version: u64,
+    pub forgotten_at: i64,
+    pub records: Vec<Record>,
+}
+
+/// A record as stored beside its embedding: its JSON without the
+/// embedding (kilobytes of numbers as text), which is kept as a blob.
+pub(crate) fn body(r: &Record) -> Result<String, StorageError> {
+    let bare = Record {
+        id: r.id.clone(),
+        text: r.text.clone(),
+        strategy: r.strategy.clone(),
+        namespace: r.namespace.clone(),
+        user: r.user.clone(),
+        session: r.session.clone(),
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        recalled_at: r.recalled_at,
+        embedding: Arc::from(Vec::new()),
+    };
+    let mut v = serde_json::to_value(&bare).map_err(|e| corrupt(&r.id, e))?;
+    if let Value::Object(o) = &mut v {
+        o.remove("embedding");
+    }
+    Ok(v.to_string())
+}
+
+/// A record from its stored body and embedding.
+pub(crate) fn record(body: &str, blob: &[u8]) -> Result<Record, StorageError> {
+    let mut v: Value = serde_json::from_str(body).map_err(|e| corrupt("?", e))?;
+    let Value::Object(o) = &mut v else {
+        return Err(corrupt("?", "not a JSON object"));
+    };
+    let id = o
+        .get("id")
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+        .to_owned();
+    o.insert("embedding".into(), Value::Array(Vec::new()));
+    let mut r: Record = serde_json::from_value(v).map_err(|e| corrupt(&id, e))?;
+    r.embedding = from_blob(blob).map_err(|e| corrupt(&id, e))?.into();
+    Ok(r)
+}
+
+/// A stored body with `recalled_at` set, all else as it was.
+pub(crate) fn with_recalled(body: &str, at_ms: i64) -> Result<String, StorageError> {
+    let mut v: Value = serde_json::from_str(body).map_err(|e| corrupt("?", e))?;
+    let Value::Object(o) = &mut v else {
+        return Err(corrupt("?", "not a JSON object"));
+    };
+    o.insert("recalled_at".into(), at_ms.into());
+    Ok(v.to_string())
+}
+
+/// An embedding as stored: its f32s, little-endian (exact, and a quarter
+/// of the size of the same numbers as text).
+pub(crate) fn to_blob(embedding: &[f32]) -> Vec<u8> {
+    embedding.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(crate) fn from_blob(blob: &[u8]) -> Result<Vec<f32>, StorageError> {
+    if blob.len() % 4 != 0 {
+        return Err(StorageError::Corrupt(format!(
+            "an embedding of {} bytes is not f32s",
+            blob.len()
+        )));
+    }
+    Ok(blob
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+fn corrupt(id: &str, e: impl std::fmt::Display) -> StorageError {
+    StorageError::Corrupt(format!("memory record {id}: {e}"))
+}
