@@ -19,6 +19,9 @@ use crate::memory::long_term::Record;
 use crate::memory::session::ExtractNow;
 use crate::server::app::App;
 
+/// The longest fact added by hand.
+const MAX_FACT_CHARS: usize = 2000;
+
 /// The bounds seed 002 sets on a search.
 const LIMITS: std::ops::RangeInclusive<u64> = 5..=200;
 
@@ -227,16 +230,9 @@ pub async fn add_record(
 ) -> Result<Json<Value>, ApiError> {
     let long_term = enabled(&app)?;
     let body = object_body(&app, body).await?;
-    let text = match string(&body, "text")? {
-        Some(t) if !t.trim().is_empty() && t.chars().count() <= 2000 => t.trim().to_owned(),
-        _ => {
-            return Err(RequestError::invalid(
-                "`text` must be a non-empty string of at most 2000 characters",
-                Some("text"),
-            )
-            .into())
-        }
-    };
+    let text = super::text_field(Value::Object(body.clone()), "text", MAX_FACT_CHARS)?
+        .trim()
+        .to_owned();
     let strategies = long_term.strategies();
     let strategy = match string(&body, "strategy")? {
         None => strategies.first(),
