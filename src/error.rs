@@ -149,7 +149,7 @@ impl UpstreamError {
 }
 
 impl ApiError {
-    fn parts(
+    pub(crate) fn parts(
         &self,
     ) -> (
         StatusCode,

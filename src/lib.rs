@@ -9,6 +9,7 @@
 pub mod api;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -84,6 +84,18 @@ impl ClientKeys {
     }
 }
 
+impl ClientKeys {
+    /// Each key's digest and tenant (the console derives its cookies from
+    /// the digests, never from the keys).
+    pub fn digests(&self) -> impl Iterator<Item = (&[u8; 32], &Arc<str>)> {
+        self.tenants.iter()
+    }
+
+    pub fn digest_of(key: &str) -> [u8; 32] {
+        digest(key)
+    }
+}
+
 fn digest(key: &str) -> [u8; 32] {
     let d = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
     let mut out = [0u8; 32];

@@ -37,7 +37,12 @@ use crate::error::{ApiError, RequestError};
 use crate::server::app::App;
 
 pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
+    let console = match app.console {
+        Some(_) => crate::console::routes(app),
+        None => Router::new(),
+    };
     Router::new()
+        .merge(console)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))

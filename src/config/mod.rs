@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+mod console;
 mod long_term;
 mod memory;
 mod server;
@@ -17,6 +18,7 @@ mod upstream;
 mod validate;
 mod webhook;
 
+pub use console::*;
 pub use long_term::*;
 pub use memory::*;
 pub use server::*;
@@ -67,6 +69,8 @@ pub struct Config {
     pub admin: AdminConfig,
     #[serde(default)]
     pub auth: AuthConfig,
+    #[serde(default)]
+    pub console: ConsoleConfig,
     #[serde(default)]
     pub log: LogConfig,
     #[serde(default)]

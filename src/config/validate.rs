@@ -202,6 +202,9 @@ impl Config {
         self.long_term
             .validate(served)
             .map_err(|(k, m)| invalid(&format!("long_term.{k}"), &m))?;
+        if !(1..=3600).contains(&self.console.sample_secs) {
+            return Err(invalid("console.sample_secs", "must be from 1 to 3600"));
+        }
         Ok(())
     }
 

@@ -29,6 +29,8 @@ pub const DRAIN_YIELDED: &str = "drain_yielded";
 pub const CUT_BY: &str = "cut_by";
 pub const SUPERSEDED: &str = "superseded";
 pub const SUPERSEDED_AT: &str = "superseded_at";
+/// Why: `regenerate`, `edit`, `retry`, or `deleted` (the Conversations API).
+pub const SUPERSEDED_BY: &str = "superseded_by";
 pub const SOURCE_FAILURE: &str = "llm_failure";
 /// `cut_by` of a reply whose stream broke off upstream.
 pub const CUT_BY_UPSTREAM: &str = "upstream";

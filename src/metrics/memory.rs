@@ -229,6 +229,26 @@ impl MemoryMetrics {
             .get()
     }
 
+    /// Jobs of long-term memory, or of the summary model, that ended: stored,
+    /// stale or given up. (A malformed extraction also gave up.)
+    pub fn ended(&self, long_term: bool) -> u64 {
+        [Job::Fold, Job::Note, Job::Extract, Job::Recall]
+            .into_iter()
+            .filter(|j| j.long_term() == long_term)
+            .flat_map(|j| {
+                [JobOutcome::Stored, JobOutcome::Stale, JobOutcome::GaveUp].map(|o| self.jobs(j, o))
+            })
+            .sum()
+    }
+
+    /// Failed model calls of every job, each attempt counted.
+    pub fn failed_attempts(&self) -> u64 {
+        [Job::Fold, Job::Note, Job::Extract, Job::Recall]
+            .into_iter()
+            .map(|j| self.jobs(j, JobOutcome::Failed))
+            .sum()
+    }
+
     pub fn call(&self, job: Job, took: Duration) {
         let h = if job.long_term() {
             &self.long_term_seconds

@@ -18,9 +18,11 @@ use prometheus_client::registry::Registry;
 
 mod cause;
 mod memory;
+mod reading;
 
 pub use cause::Cause;
 pub use memory::{Job, JobOutcome, MemoryMetrics, RecordChange};
+pub use reading::{Buckets, Reading};
 
 use crate::memory::reconcile::Rewrite;
 use crate::memory::window::{TrimReason, TrimScope};
@@ -73,6 +75,9 @@ type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
     registry: Registry,
+    /// The families `reading` parses, apart from the rest so that a reading
+    /// encodes only them.
+    readable: Registry,
     requests: Family<RequestLabels, Counter>,
     request_seconds: Histograms<RequestLabels>,
     overhead_seconds: Histograms<StreamLabels>,
@@ -208,6 +213,10 @@ impl Default for Metrics {
             storage_write_seconds.clone(),
         );
         let memory = MemoryMetrics::register(&mut registry);
+        let mut readable = Registry::default();
+        readable.register(reading::REQUESTS, "", requests.clone());
+        readable.register(reading::OVERHEAD, "", overhead_seconds.clone());
+        readable.register(reading::STORAGE, "", storage_write_seconds.clone());
         // Families with known label sets start at 0, so that a dashboard's
         // `rate()` has a series before the first event.
         use TrimReason as R;
@@ -247,6 +256,7 @@ impl Default for Metrics {
         }
         Self {
             registry,
+            readable,
             requests,
             request_seconds,
             overhead_seconds,
@@ -416,6 +426,24 @@ impl Metrics {
         self.sessions_ended.get()
     }
 
+    /// The cumulative figures the console plots: a few read locks and a
+    /// small text encoding, for a caller every few seconds.
+    pub fn reading(&self) -> Reading {
+        let mut text = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.readable) {
+            tracing::error!(error = %e, "could not encode the metrics for a reading");
+        }
+        Reading {
+            interruptions: Cause::ALL.into_iter().map(|c| self.interruptions(c)).sum(),
+            trimmed_sent: self.trimmed_sent(),
+            trimmed_kept: self.trimmed_kept(),
+            summary_jobs: self.memory.ended(false),
+            long_term_jobs: self.memory.ended(true),
+            failed_attempts: self.memory.failed_attempts(),
+            ..reading::parse(&text)
+        }
+    }
+
     /// What a storage writer reports its group commits with.
     pub fn storage_writes(&self, backend: &'static str) -> Histogram {
         self.storage_write_seconds
@@ -470,5 +498,53 @@ mod tests {
         assert!(text.contains("recall_active_sessions 2"));
         assert!(text.contains("recall_stored_messages 7"));
         assert_eq!(m.trimmed_sent(), 4);
+    }
+
+    #[test]
+    fn a_reading_sums_label_sets_and_keeps_cumulative_buckets() {
+        let m = Metrics::default();
+        for (route, status) in [
+            ("/v1/chat/completions", 200),
+            ("/health", 200),
+            ("/x y", 404),
+        ] {
+            m.request(
+                &RequestLabels {
+                    route: route.into(),
+                    status,
+                    upstream: String::new(),
+                },
+                Duration::from_millis(1),
+            );
+        }
+        // Bounds 20 µs, 40 µs, 80 µs, …
+        m.overhead(true, Duration::from_micros(10));
+        m.overhead(false, Duration::from_micros(30));
+        m.overhead(false, Duration::from_secs(5));
+        m.storage_writes("sqlite").observe(0.00003);
+        m.interrupted(Cause::ClientGone);
+        m.interrupted(Cause::NewRequest);
+        m.add_trimmed(TrimScope::History, TrimReason::MaxBytes, 3);
+        m.memory.job(Job::Fold, JobOutcome::Failed);
+        m.memory.job(Job::Fold, JobOutcome::GaveUp);
+        m.memory.job(Job::Note, JobOutcome::Stored);
+        m.memory.job(Job::Extract, JobOutcome::Stale);
+
+        let r = m.reading();
+        assert_eq!(r.requests, 3);
+        let o = &r.overhead_seconds;
+        assert_eq!(o.count, 3);
+        assert!((o.sum - 5.00004).abs() < 1e-9, "{}", o.sum);
+        assert_eq!(o.le.len(), 16);
+        assert_eq!(o.le[0], (0.00002, 1));
+        assert_eq!(o.le[1], (0.00004, 2));
+        assert_eq!(o.le[14].1, 2);
+        assert_eq!(o.le[15], (f64::INFINITY, 3));
+        assert_eq!(r.storage_write_seconds.count, 1);
+        assert_eq!(r.storage_write_seconds.le[1], (0.00004, 1));
+        assert_eq!(r.interruptions, 2);
+        assert_eq!((r.trimmed_sent, r.trimmed_kept), (0, 3));
+        assert_eq!((r.summary_jobs, r.long_term_jobs), (2, 1));
+        assert_eq!(r.failed_attempts, 1);
     }
 }

@@ -55,6 +55,8 @@ pub struct App {
     pub records: Arc<Records>,
     /// Long-term memory's models and jobs, with `[long_term] enabled`.
     pub long_term: Option<Arc<LongTerm>>,
+    /// The web console, with `[console] enabled`.
+    pub console: Option<crate::console::Console>,
 }
 
 /// Long-term memory, when enabled (validation made sure both its models
@@ -172,6 +174,15 @@ impl App {
         let long_term = long_term(&config, &upstreams, &policy, &records, &metrics);
         let limit = config.server.max_concurrent_upstream;
         let upstream_slots = (limit > 0).then(|| Arc::new(tokio::sync::Semaphore::new(limit)));
+        let console = config.console.enabled.then(|| {
+            crate::console::Console::start(crate::console::Parts {
+                admin_token: admin_token.as_deref(),
+                client_keys: client_keys.as_ref(),
+                metrics: &metrics,
+                clock: &policy.clock,
+                sample_secs: config.console.sample_secs,
+            })
+        });
         let app = Arc::new(Self {
             cache: AnswerCache::new(&config.cache),
             config,
@@ -190,6 +201,7 @@ impl App {
             notes: Arc::default(),
             records,
             long_term,
+            console,
         });
         // Another replica asks for this one's reply in flight to stop.
         let weak = Arc::downgrade(&app);

@@ -54,5 +54,11 @@ pub(crate) async fn for_turn(app: &Arc<App>, id: &str, due: LongTermDue) -> Opti
             }
         }
     }
-    lt::facts_message(&long_term.config.template, facts.as_deref()?)
+    let template = &long_term.config.template;
+    let message = facts
+        .as_deref()
+        .and_then(|f| lt::facts_message(template, f));
+    // What the console shows as sent on the last turn.
+    session.facts_sent(message.as_ref().and(facts));
+    message
 }

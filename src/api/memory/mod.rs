@@ -9,7 +9,7 @@ mod records;
 mod users;
 
 pub use records::{add_record, delete_record, extract, get_record, list_records, search_records};
-pub use users::{delete_user_memory, get_user_memory, put_user_memory};
+pub use users::{delete_user_memory, get_user_memory, put_user_memory, UserTarget};
 
 use std::sync::Arc;
 use std::time::Duration;

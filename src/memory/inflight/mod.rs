@@ -279,6 +279,11 @@ impl InFlight {
     }
 
     /// Whether the reply is settled (its record decided).
+    /// The text handed to the client so far (what the console shows live).
+    pub fn relayed_text(&self) -> String {
+        self.progress().relayed.content().to_owned()
+    }
+
     pub fn is_settled(&self) -> bool {
         self.progress().outcome != Outcome::Open
     }

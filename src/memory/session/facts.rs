@@ -26,6 +26,8 @@ pub(super) struct LongTermState {
     /// asked meanwhile waits for it (older ones are dropped).
     pub(super) searching: bool,
     pub(super) next_query: Option<Query>,
+    /// The facts the last turn sent (the console shows them).
+    pub(super) sent: Option<Arc<[Fact]>>,
 }
 
 #[derive(Debug, Clone)]

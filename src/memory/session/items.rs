@@ -78,7 +78,7 @@ impl Session {
         st.edit_message(at, |m| {
             interruption::supersede(m, now_ms);
             m.metadata_mut()
-                .insert("superseded_by", Value::String("deleted".into()));
+                .insert(interruption::SUPERSEDED_BY, Value::String("deleted".into()));
         });
         let ops = vec![self.set_op(&st, at)];
         Ok((true, self.persist(&mut st, policy, ops)))

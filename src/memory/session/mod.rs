@@ -20,6 +20,7 @@
 //! map of sessions.
 
 mod admin;
+mod console;
 mod facts;
 mod items;
 mod long_term;
@@ -35,6 +36,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use admin::{Appended, EndWhen, Ended, Overview};
+pub use console::{Glance, Seen};
 pub use facts::{Query, Recall};
 pub use long_term::{ExtractNow, Extraction, LongTermDue};
 pub use record::Interrupted;

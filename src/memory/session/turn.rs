@@ -398,7 +398,14 @@ impl Session {
         for i in from..st.messages.len() {
             let m = &st.messages[i];
             if !interruption::is_superseded(m) && !interruption::from_the_session_api(m) {
-                st.edit_message(i, |m| interruption::supersede(m, now_ms));
+                st.edit_message(i, |m| {
+                    interruption::supersede(m, now_ms);
+                    // Why, for whoever reads the history (the console's labels).
+                    m.metadata_mut().insert(
+                        interruption::SUPERSEDED_BY,
+                        serde_json::Value::String(reason.label().into()),
+                    );
+                });
                 ops.push(self.set_op(st, i));
                 gone.push(Arc::clone(&st.messages[i]));
             }

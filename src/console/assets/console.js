@@ -1,0 +1,48 @@
+// recall console: the session page's live updates and the Interrupt
+// button; times in the reader's own time zone. No inline script is
+// allowed by the page's Content-Security-Policy, so everything is here.
+"use strict";
+
+(function () {
+  const csrf = (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
+
+  for (const t of document.querySelectorAll("time[data-ms]")) {
+    const d = new Date(Number(t.dataset.ms));
+    if (!isNaN(d)) { t.title = t.textContent; t.textContent = d.toLocaleString(); }
+  }
+
+  const transcript = document.getElementById("transcript");
+  if (!transcript) return;
+  const live = document.getElementById("live");
+  const text = live && live.querySelector(".live-text");
+  const button = document.getElementById("interrupt");
+
+  if (button) {
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try {
+        const r = await fetch(button.dataset.action, {
+          method: "POST",
+          headers: { "x-csrf-token": csrf },
+          credentials: "same-origin",
+        });
+        if (!r.ok) { button.disabled = false; }
+      } catch (e) {
+        button.disabled = false;
+      }
+    });
+  }
+
+  const url = transcript.dataset.live + "?since=" + encodeURIComponent(transcript.dataset.signature);
+  const events = new EventSource(url);
+  events.addEventListener("reply", (e) => {
+    const data = JSON.parse(e.data);
+    if (text) { text.textContent = data.text; }
+    if (live) { live.hidden = false; }
+    if (button) { button.disabled = false; }
+  });
+  events.addEventListener("changed", () => {
+    events.close();
+    window.location.reload();
+  });
+})();
