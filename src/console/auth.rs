@@ -264,3 +264,76 @@ pub fn form_field(body: &[u8], name: &str) -> Option<String> {
         .find(|(k, _)| k == name)
         .map(|(_, v)| v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_signs_in_as_the_admin_or_a_tenant_and_the_cookie_is_not_the_token() {
+        let keys = ClientKeys::from_keys(["sk-a", "sk-b"].into_iter())
+            .unwrap()
+            .unwrap();
+        let gate = Gate::new(Some("admin-secret"), Some(&keys));
+        assert!(!gate.open());
+        let admin = gate.login("admin-secret").unwrap();
+        assert!(!admin.contains("admin-secret"));
+        assert_eq!(gate.access(&admin), Some(Access::All));
+        let a = gate.login("sk-a").unwrap();
+        let b = gate.login("sk-b").unwrap();
+        assert_ne!(a, b);
+        assert!(!a.contains("sk-a"));
+        let tenant = |c: &str| match gate.access(c) {
+            Some(Access::Tenant(t)) => t.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert_ne!(tenant(&a), tenant(&b));
+        assert_eq!(gate.login("sk-c"), None);
+        assert_eq!(gate.login(""), None);
+        assert_eq!(gate.access("a.00"), None);
+        // The same token gives the same cookie in another process.
+        let again = Gate::new(Some("admin-secret"), Some(&keys));
+        assert_eq!(again.access(&admin), Some(Access::All));
+        // A changed token no longer signs the old cookie in.
+        assert_eq!(Gate::new(Some("rotated"), None).access(&admin), None);
+        assert!(Gate::new(None, None).open());
+    }
+
+    #[test]
+    fn cookies_and_form_fields_are_read_as_browsers_send_them() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; recall_csrf=abc"),
+        );
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("recall_console=t.x"),
+        );
+        assert_eq!(cookie(&h, CSRF_COOKIE), Some("abc"));
+        assert_eq!(cookie(&h, SESSION_COOKIE), Some("t.x"));
+        assert_eq!(cookie(&h, "b"), None);
+        let body = b"csrf=0f&summary=Ana+lives+in+%3CHanoi%3E.%20%E2%9C%93";
+        assert_eq!(
+            form_field(body, "summary").unwrap(),
+            "Ana lives in <Hanoi>. ✓"
+        );
+        assert_eq!(form_field(body, "csrf").unwrap(), "0f");
+        assert_eq!(form_field(body, "token"), None);
+        let set = set_cookie(SESSION_COOKIE, "v", Some(0));
+        assert_eq!(
+            set,
+            "recall_console=v; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0"
+        );
+    }
+
+    #[test]
+    fn csrf_tokens_are_random_and_a_zero_token_never_passes() {
+        let (t1, t2) = (new_token(), new_token());
+        assert!(well_formed(&t1) && t1 != t2);
+        assert!(csrf_ok(&t1, &t1));
+        assert!(!csrf_ok(&t2, &t1));
+        assert!(!csrf_ok(ZERO, ZERO));
+        assert!(!well_formed("xyz"));
+    }
+}
