@@ -159,6 +159,8 @@ async fn every_page_escapes_what_messages_hold_and_sends_a_strict_policy() {
         let csp = p.headers["content-security-policy"].to_str().unwrap();
         assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"));
         assert_eq!(p.headers["x-frame-options"], "DENY");
+        // A browser sends its Origin with a form only under such a policy.
+        assert_eq!(p.headers["referrer-policy"], "same-origin");
         assert!(!p.body.contains("<script>alert"), "{path}");
         assert!(!p.body.contains("<img"), "{path}");
         assert!(!p.body.contains("onerror=alert(1)>"), "{path}");

@@ -27,7 +27,7 @@ pub fn security_headers() -> [(HeaderName, HeaderValue); 5] {
         (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
         (
             header::REFERRER_POLICY,
-            HeaderValue::from_static("no-referrer"),
+            HeaderValue::from_static("same-origin"),
         ),
         (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
     ]
@@ -102,6 +102,14 @@ pub fn refused(status: StatusCode, why: &str, csrf: &str) -> Response {
 pub fn error(ctx: &Ctx, e: ApiError) -> Response {
     let (status, ..) = e.parts();
     refused(status, &e.to_string(), &ctx.csrf)
+}
+
+/// An action's answer: back to `to` when it was done, else why not.
+pub fn done_or_error<T>(ctx: &Ctx, done: Result<T, ApiError>, to: &str) -> Response {
+    match done {
+        Ok(_) => axum::response::Redirect::to(to).into_response(),
+        Err(e) => error(ctx, e),
+    }
 }
 
 /// A time in Unix milliseconds as the page shows it (UTC; the script

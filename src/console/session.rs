@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Response;
 use axum::Extension;
 use maud::{html, Markup};
 use serde_json::json;
@@ -40,7 +40,7 @@ fn render(ctx: &Ctx, configured: &[Message], target: &Target, s: &Seen) -> Marku
     html! {
         h1 { "Session " span.id { (target.name) } }
         dl.facts {
-            dt { "Users" } dd { @for u in &s.users { a.user-link href=(user_href(u)) { (u) } " " } }
+            @if !s.users.is_empty() { dt { "Users" } dd { @for u in &s.users { a.user-link href=(user_href(u)) { (u) } " " } } }
             dt { "Turns" } dd { (s.turn_id) }
             dt { "Messages held" } dd { (s.messages.len()) }
             dt { "Started" } dd { (when(s.created_ms)) }
@@ -187,10 +187,11 @@ pub async fn interrupt(
     target: Target,
 ) -> Response {
     let back = session_href(&target.name);
-    match sessions::interrupt(State(app), target, Body::empty()).await {
-        Ok(_) => Redirect::to(&back).into_response(),
-        Err(e) => page::error(&ctx, e),
-    }
+    page::done_or_error(
+        &ctx,
+        sessions::interrupt(State(app), target, Body::empty()).await,
+        &back,
+    )
 }
 
 /// `POST /ui/sessions/{id}/end`: as the session API's.
@@ -199,10 +200,7 @@ pub async fn end(
     Extension(ctx): Extension<Ctx>,
     target: Target,
 ) -> Response {
-    match sessions::end(State(app), target).await {
-        Ok(_) => Redirect::to("/ui").into_response(),
-        Err(e) => page::error(&ctx, e),
-    }
+    page::done_or_error(&ctx, sessions::end(State(app), target).await, "/ui")
 }
 
 /// `POST /ui/sessions/{id}/summary` with the form's `summary`: as
@@ -216,8 +214,9 @@ pub async fn summary(
     let back = session_href(&target.name);
     let text = form_field(&body, "summary").unwrap_or_default();
     let json = Body::from(json!({ "summary": text }).to_string());
-    match crate::api::memory::put_summary(State(app), target, json).await {
-        Ok(_) => Redirect::to(&back).into_response(),
-        Err(e) => page::error(&ctx, e),
-    }
+    page::done_or_error(
+        &ctx,
+        crate::api::memory::put_summary(State(app), target, json).await,
+        &back,
+    )
 }

@@ -90,10 +90,11 @@ pub async fn delete_record(
     path: PathParams,
 ) -> Response {
     let back = user_href(&user.name);
-    match crate::api::memory::delete_record(State(app), user, path).await {
-        Ok(_) => Redirect::to(&back).into_response(),
-        Err(e) => page::error(&ctx, e),
-    }
+    page::done_or_error(
+        &ctx,
+        crate::api::memory::delete_record(State(app), user, path).await,
+        &back,
+    )
 }
 
 /// `POST /ui/users/{user}/forget`: as `DELETE /v1/users/{user}/memory`.

@@ -35,6 +35,13 @@
 
   const url = transcript.dataset.live + "?since=" + encodeURIComponent(transcript.dataset.signature);
   const events = new EventSource(url);
+  // A form sent from this page (End session, Save summary) goes where
+  // its answer says; a reload on the change it causes would cut it off.
+  let leaving = false;
+  for (const form of document.querySelectorAll("form")) {
+    form.addEventListener("submit", () => { leaving = true; events.close(); });
+  }
+
   events.addEventListener("reply", (e) => {
     const data = JSON.parse(e.data);
     if (text) { text.textContent = data.text; }
@@ -43,6 +50,6 @@
   });
   events.addEventListener("changed", () => {
     events.close();
-    window.location.reload();
+    if (!leaving) { window.location.reload(); }
   });
 })();
