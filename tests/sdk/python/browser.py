@@ -14,6 +14,7 @@ with the reason, except in CI (CI=true), where they fail.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -134,8 +135,8 @@ def quit_driver(driver):
 
 
 class ConsoleRecall(Stack):
-    """recall alone (its built-in mock upstream, mock://echo) with the
-    console on, as config/demo.toml has it; `extra` is appended to the
+    """recall alone on the shipped config/demo.toml (its built-in mock
+    upstream, mock://echo, and the console on); `extra` is appended to the
     config, `env` added to recall's environment."""
 
     def __init__(self, extra: str = "", env: dict | None = None):
@@ -152,41 +153,16 @@ class ConsoleRecall(Stack):
         return self
 
     def config(self, port: int) -> str:
-        return f"""# Written by tests/sdk/python/browser.py
-[server]
-listen = "127.0.0.1:{port}"
-shutdown_grace_secs = 1
-
-[storage]
-backend = "memory"
-
-[console]
-enabled = true
-sample_secs = 1                   # the overview's charts fill within the test run
-
-[history]
-window_messages = 6
-max_messages = 100
-
-[interruption]
-capture_original = true
-drain_timeout_secs = 30
-on_new_request = "interrupt"
-
-[log]
-level = "info"
-
-[[system_messages]]
-content = "You are a helpful assistant."
-
-[[upstreams]]
-name = "echo"
-base_url = "mock://echo"
-models = ["*"]
-mock_chunk_delay_ms = 100
-mock_words_per_chunk = 1
-{self.extra}
-"""
+        """The shipped config/demo.toml, as the README's Console section
+        runs it, on a free port, with the overview sampled every second so
+        that its charts fill within the test run."""
+        demo = (REPO / "config" / "demo.toml").read_text()
+        demo, n = re.subn(r'(?m)^listen = .*$', f'listen = "127.0.0.1:{port}"', demo)
+        assert n == 1, "config/demo.toml has one listen line"
+        demo, n = re.subn(r"(?m)^\[console\]\nenabled = true.*$",
+                          "[console]\nenabled = true\nsample_secs = 1", demo)
+        assert n == 1, "config/demo.toml turns the console on"
+        return f"# config/demo.toml, as written by tests/sdk/python/browser.py\n{demo}\n{self.extra}\n"
 
 
 def screenshot_dir(tmp_factory) -> Path:
