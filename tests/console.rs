@@ -136,6 +136,7 @@ async fn chat_as(h: &Harness, key: &str, session: &str, text: &str) {
         .post(format!("{}/v1/chat/completions", h.url))
         .bearer_auth(key)
         .header("x-session-id", session)
+        .header("x-user-id", "ana")
         .json(&json!({"model": "m", "messages": [user(text)]}))
         .send()
         .await
@@ -362,6 +363,24 @@ async fn signing_in_takes_the_admin_token_or_a_client_key_and_sets_a_strict_cook
     let p = a.post(&format!("/ui/sessions/{b_internal}/end"), &[]).await;
     assert_eq!(p.status, 404, "another tenant's session cannot be ended");
     assert_eq!(a.get("/ui/sessions/a-only").await.status, 200);
+    // A tenant's user pages are its own users; the overview is the admin's.
+    assert_eq!(a.get("/ui/overview").await.status, 403);
+    assert_eq!(b.get("/ui/overview").await.status, 200);
+    // The admin's user links name the tenant's user as its memory is kept.
+    let admin_page = b.get(&format!("/ui/sessions/{b_internal}")).await.body;
+    let tenant_b = b_internal.split(':').next().unwrap();
+    assert!(admin_page.contains(&format!(r#"href="/ui/users/{tenant_b}:ana""#)), "{admin_page}");
+    let own = h
+        .client
+        .get(format!("{}/ui/sessions/b-only", h.url))
+        .bearer_auth(KEY_B)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(own.contains(r#"href="/ui/users/ana""#));
     // A bearer header works without signing in; a wrong one does not.
     let bearer = h
         .client
@@ -581,4 +600,63 @@ fn between<'a>(s: &'a str, start: &str, end: &str) -> &'a str {
 
 fn urlencode(s: &str) -> String {
     s.bytes().map(|b| format!("%{b:02X}")).collect()
+}
+
+#[tokio::test]
+async fn a_client_set_timestamp_out_of_any_calendar_still_renders() {
+    let h = console("").await;
+    for ts in [300_000_000_000_000_i64, -5, i64::MAX] {
+        let body = json!({"model": "m", "messages": [
+            {"role": "user", "content": "x", "timestamp": ts,
+             "metadata": {"interrupt_timestamp": ts}}]});
+        let (status, _) = h.chat(Some("s-time"), body).await;
+        assert_eq!(status, 200);
+    }
+    let p = Browser::new(&h).get("/ui/sessions/s-time").await;
+    assert_eq!(p.status, 200, "{}", p.body);
+    assert!(p.body.contains(r#"<span class="raw-time">300000000000000</span>"#));
+    assert_eq!(Browser::new(&h).get("/ui").await.status, 200);
+}
+
+#[tokio::test]
+async fn a_console_without_a_token_answers_only_on_loopback_names_or_allowed_hosts() {
+    let h = console("allowed_hosts = [\"recall.internal\"]\n").await;
+    h.say("s-host", "hello").await;
+    let get = |host: &'static str| {
+        h.client
+            .get(format!("{}/ui/sessions/s-host", h.url))
+            .header("host", host)
+            .send()
+    };
+    // A page of another site whose name now points here (DNS rebinding).
+    let rebound = get("attacker.example:8080").await.unwrap();
+    assert_eq!(rebound.status(), 403);
+    assert!(!rebound.text().await.unwrap().contains("hello"));
+    for ok in ["localhost:8080", "127.0.0.1", "[::1]:80", "Recall.Internal:8080"] {
+        assert_eq!(get(ok).await.unwrap().status(), 200, "{ok}");
+    }
+}
+
+#[tokio::test]
+async fn the_interrupt_button_gets_a_204_and_a_form_goes_back() {
+    let h = console("").await;
+    h.say("s-btn", "hello").await;
+    let b = Browser::new(&h);
+    b.get("/ui/sessions/s-btn").await;
+    let token = b.cookie("recall_csrf").unwrap();
+    let resp = h
+        .client
+        .post(format!("{}/ui/sessions/s-btn/interrupt", h.url))
+        .header(COOKIE, format!("recall_csrf={token}"))
+        .header("x-csrf-token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    let (_, hist) = h.history("s-btn").await;
+    assert_eq!(hist["contents"][1]["metadata"]["interrupted"], true);
+    // Nothing left to interrupt: the page says why.
+    let resp = b.post("/ui/sessions/s-missing/interrupt", &[]).await;
+    assert_eq!(resp.status, 404);
+    assert!(resp.body.contains("not found"));
 }

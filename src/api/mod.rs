@@ -161,25 +161,34 @@ async fn session_api_access(
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let given = crate::api::auth::bearer(request.headers()).unwrap_or_default();
-    let admin = app
-        .admin_token
-        .as_ref()
-        .is_some_and(|token| bool::from(given.as_bytes().ct_eq(token.as_bytes())));
-    let access = if admin {
-        Access::All
-    } else if let Some(keys) = &app.client_keys {
-        Access::Tenant(
-            keys.tenant(request.headers())
-                .ok_or(RequestError::Unauthorized)?,
-        )
-    } else if app.admin_token.is_some() {
-        return Err(RequestError::Unauthorized.into());
-    } else {
-        Access::All
+    let access = match bearer_access(&app, request.headers()) {
+        Some(access) => access,
+        None if app.admin_token.is_some() || app.client_keys.is_some() => {
+            return Err(RequestError::Unauthorized.into())
+        }
+        None => Access::All,
     };
     request.extensions_mut().insert(access);
     Ok(next.run(request).await)
+}
+
+/// Whom a bearer header names: the admin token (`[admin] token_env`),
+/// which reaches every session, or a client key (`[auth]`), its own.
+/// Compared as digests, so that neither the bytes nor the length of the
+/// token show in the time taken.
+pub(crate) fn bearer_access(app: &App, headers: &axum::http::HeaderMap) -> Option<Access> {
+    let given = crate::api::auth::bearer(headers)?;
+    let admin = app.admin_token.as_ref().is_some_and(|token| {
+        let digest = crate::api::auth::ClientKeys::digest_of;
+        bool::from(digest(given).ct_eq(&digest(token)))
+    });
+    if admin {
+        return Some(Access::All);
+    }
+    app.client_keys
+        .as_ref()?
+        .tenant(headers)
+        .map(Access::Tenant)
 }
 
 /// Ready to serve: the config is loaded (it is, or the process would not

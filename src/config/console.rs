@@ -11,6 +11,10 @@ pub struct ConsoleConfig {
     /// How often the overview page's figures are sampled (an hour of them
     /// is kept in process).
     pub sample_secs: u64,
+    /// Host names (as a browser puts them in the address bar, without the
+    /// port) that may open a console with no token, besides the loopback
+    /// ones. A console with a token answers on any.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ConsoleConfig {
@@ -18,6 +22,7 @@ impl Default for ConsoleConfig {
         Self {
             enabled: false,
             sample_secs: 10,
+            allowed_hosts: Vec::new(),
         }
     }
 }

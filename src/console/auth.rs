@@ -1,16 +1,17 @@
 //! Who may use the console, and the checks every request passes.
 //!
 //! Signing in trades the admin token (or a client key, which then sees its
-//! own tenant only) for an HttpOnly, SameSite=Strict cookie. The cookie
-//! holds an HMAC of the token, not the token: it is the same on every
-//! replica, needs no server state, and stops working when the token is
-//! changed. A bearer header works too, as on the session API.
+//! own tenant only) for an HttpOnly, SameSite=Strict cookie (`gate`); a
+//! bearer header works too, as on the session API (`api::bearer_access`).
+//! With neither configured the console is open, like the session API, but
+//! only to a loopback host name or one of `[console] allowed_hosts`: a
+//! page of another site whose name was made to point at this machine (DNS
+//! rebinding) does not name one of those.
 //!
 //! Writes are protected twice: the Origin, when a browser sends one, must
 //! be this host; and a double-submit token (`recall_csrf`, a random cookie
 //! the page repeats in its forms and `x-csrf-token`) must match.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -18,11 +19,10 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use ring::hmac;
 use subtle::ConstantTimeEq;
 
 use super::page;
-use crate::api::auth::{bearer, Access, ClientKeys};
+use crate::api::auth::Access;
 use crate::server::app::App;
 
 pub const SESSION_COOKIE: &str = "recall_console";
@@ -32,80 +32,14 @@ pub const CSRF_FIELD: &str = "csrf";
 /// Forms are small: a summary is the largest thing posted.
 const MAX_FORM_BYTES: usize = 256 * 1024;
 
-/// The cookies that sign a console user in, by value.
-pub struct Gate {
-    admin: Option<String>,
-    tenants: HashMap<String, Arc<str>>,
-}
-
 /// What every console handler gets from the guard.
 #[derive(Clone, Debug)]
 pub struct Ctx {
-    pub access: Access,
+    /// None only on the sign-in page, for whoever is not signed in.
+    pub access: Option<Access>,
     pub csrf: String,
     /// Signed in with a cookie (so a sign-out makes sense).
     pub signed_in: bool,
-}
-
-fn sign(key: &[u8], what: &[u8]) -> String {
-    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), what);
-    hex(tag.as_ref())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-impl Gate {
-    pub fn new(admin_token: Option<&str>, keys: Option<&ClientKeys>) -> Self {
-        let tenants = keys
-            .map(|k| {
-                k.digests()
-                    .map(|(digest, tenant)| (tenant_cookie(digest), Arc::clone(tenant)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Self {
-            admin: admin_token.map(admin_cookie),
-            tenants,
-        }
-    }
-
-    /// Nothing to sign in with: the console is as open as the session API.
-    pub fn open(&self) -> bool {
-        self.admin.is_none() && self.tenants.is_empty()
-    }
-
-    /// The cookie a token signs in with, if it is the admin token or a
-    /// client key.
-    pub fn login(&self, token: &str) -> Option<String> {
-        let as_admin = admin_cookie(token);
-        if self.access(&as_admin) == Some(Access::All) {
-            return Some(as_admin);
-        }
-        let cookie = tenant_cookie(&ClientKeys::digest_of(token));
-        self.tenants.contains_key(&cookie).then_some(cookie)
-    }
-
-    /// Who a cookie signs in, if anyone.
-    pub fn access(&self, cookie: &str) -> Option<Access> {
-        if let Some(admin) = &self.admin {
-            if bool::from(cookie.as_bytes().ct_eq(admin.as_bytes())) {
-                return Some(Access::All);
-            }
-        }
-        let (known, tenant) = self.tenants.get_key_value(cookie)?;
-        bool::from(known.as_bytes().ct_eq(cookie.as_bytes()))
-            .then(|| Access::Tenant(Arc::clone(tenant)))
-    }
-}
-
-fn admin_cookie(token: &str) -> String {
-    format!("a.{}", sign(token.as_bytes(), b"recall console admin"))
-}
-
-fn tenant_cookie(digest: &[u8; 32]) -> String {
-    format!("t.{}", sign(digest, b"recall console"))
 }
 
 /// The value of cookie `name` in a request's headers.
@@ -134,7 +68,7 @@ fn new_token() -> String {
     // The system's randomness failing is not something a page can fix;
     // a zero token then fails every check (see `csrf_ok`).
     let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
-    hex(&bytes)
+    super::gate::hex(&bytes)
 }
 
 fn well_formed(token: &str) -> bool {
@@ -146,7 +80,7 @@ const ZERO: &str = "00000000000000000000000000000000";
 /// The console's one middleware: who is asking, the CSRF token, and the
 /// checks on writes.
 pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    let Some(gate) = app.console.as_ref().map(|c| &c.gate) else {
+    let Some(console) = app.console.as_ref() else {
         return StatusCode::NOT_FOUND.into_response();
     };
     let path = request.uri().path().to_owned();
@@ -158,12 +92,24 @@ pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) ->
         Some(t) => (t.to_owned(), false),
         None => (new_token(), true),
     };
-    let signed = cookie(headers, SESSION_COOKIE).and_then(|c| gate.access(c));
-    let access = who(&app, gate, headers).or(signed.clone());
-    let ctx = |access| Ctx {
-        access,
-        csrf: csrf.clone(),
-        signed_in: signed.is_some(),
+    let gate = &console.gate;
+    let now = app.policy.clock.now_ms();
+    let signed = cookie(headers, SESSION_COOKIE).and_then(|c| gate.access(c, now));
+    let access = if gate.open() {
+        let allowed = &app.config.console.allowed_hosts;
+        match host(&request) {
+            Some(h) if loopback(&h) || allowed.iter().any(|a| a.eq_ignore_ascii_case(&h)) => {
+                Some(Access::All)
+            }
+            _ => {
+                let why = "This console has no token, so it answers only on a loopback \
+                    address (localhost, 127.0.0.1, [::1]) or a host in [console] allowed_hosts. \
+                    Set [admin] token_env to open it from elsewhere.";
+                return page::refused(StatusCode::FORBIDDEN, why, &csrf);
+            }
+        }
+    } else {
+        crate::api::bearer_access(&app, headers).or(signed.clone())
     };
     let login = path == "/ui/login";
     let mut response = match (access, login) {
@@ -172,12 +118,18 @@ pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) ->
         }
         (None, false) => page::refused(StatusCode::UNAUTHORIZED, "Sign in first.", &csrf),
         (access, _) => {
-            let ctx = ctx(access.unwrap_or(Access::All));
+            let ctx = Ctx {
+                access,
+                csrf: csrf.clone(),
+                signed_in: signed.is_some(),
+            };
             match checked(request, &ctx, fresh).await {
                 Ok(mut request) => {
                     // The session API's extractors (`Target`, `UserTarget`)
                     // scope ids by this.
-                    request.extensions_mut().insert(ctx.access.clone());
+                    if let Some(a) = &ctx.access {
+                        request.extensions_mut().insert(a.clone());
+                    }
                     request.extensions_mut().insert(ctx);
                     next.run(request).await
                 }
@@ -193,24 +145,26 @@ pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) ->
     response
 }
 
-/// A bearer header's access: the admin token, a client key, or, with
-/// neither configured, everyone.
-fn who(app: &App, gate: &Gate, headers: &HeaderMap) -> Option<Access> {
-    if gate.open() {
-        return Some(Access::All);
-    }
-    let given = bearer(headers)?;
-    let admin = app
-        .admin_token
-        .as_ref()
-        .is_some_and(|t| bool::from(given.as_bytes().ct_eq(t.as_bytes())));
-    if admin {
-        return Some(Access::All);
-    }
-    app.client_keys
-        .as_ref()?
-        .tenant(headers)
-        .map(Access::Tenant)
+/// The host a request names, without its port, lower-case: the Host
+/// header, or an HTTP/2 request's authority.
+fn host(request: &Request) -> Option<String> {
+    let named = match request.headers().get(header::HOST) {
+        Some(h) => h.to_str().ok()?.to_owned(),
+        None => request.uri().authority()?.as_str().to_owned(),
+    };
+    let name = match named.strip_prefix('[') {
+        Some(v6) => format!("[{}]", v6.split(']').next()?),
+        None => named.split(':').next()?.to_owned(),
+    };
+    Some(name.to_ascii_lowercase())
+}
+
+fn loopback(host: &str) -> bool {
+    host == "localhost"
+        || host == "[::1]"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A write passes if its Origin (when sent) is this host and it carries
@@ -221,9 +175,12 @@ async fn checked(request: Request, ctx: &Ctx, fresh: bool) -> Result<Request, &'
         return Ok(request);
     }
     let headers = request.headers();
-    if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST)) {
+    let authority = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), authority) {
         let origin = origin.to_str().unwrap_or_default();
-        let host = host.to_str().unwrap_or_default();
         let same = origin
             .strip_prefix("http://")
             .or_else(|| origin.strip_prefix("https://"))
@@ -270,36 +227,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_token_signs_in_as_the_admin_or_a_tenant_and_the_cookie_is_not_the_token() {
-        let keys = ClientKeys::from_keys(["sk-a", "sk-b"].into_iter())
-            .unwrap()
-            .unwrap();
-        let gate = Gate::new(Some("admin-secret"), Some(&keys));
-        assert!(!gate.open());
-        let admin = gate.login("admin-secret").unwrap();
-        assert!(!admin.contains("admin-secret"));
-        assert_eq!(gate.access(&admin), Some(Access::All));
-        let a = gate.login("sk-a").unwrap();
-        let b = gate.login("sk-b").unwrap();
-        assert_ne!(a, b);
-        assert!(!a.contains("sk-a"));
-        let tenant = |c: &str| match gate.access(c) {
-            Some(Access::Tenant(t)) => t.to_string(),
-            other => panic!("{other:?}"),
-        };
-        assert_ne!(tenant(&a), tenant(&b));
-        assert_eq!(gate.login("sk-c"), None);
-        assert_eq!(gate.login(""), None);
-        assert_eq!(gate.access("a.00"), None);
-        // The same token gives the same cookie in another process.
-        let again = Gate::new(Some("admin-secret"), Some(&keys));
-        assert_eq!(again.access(&admin), Some(Access::All));
-        // A changed token no longer signs the old cookie in.
-        assert_eq!(Gate::new(Some("rotated"), None).access(&admin), None);
-        assert!(Gate::new(None, None).open());
-    }
-
-    #[test]
     fn cookies_and_form_fields_are_read_as_browsers_send_them() {
         let mut h = HeaderMap::new();
         h.append(
@@ -325,6 +252,37 @@ mod tests {
             set,
             "recall_console=v; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0"
         );
+    }
+
+    #[test]
+    fn only_loopback_names_count_as_loopback() {
+        let named = |h: &str| {
+            let r = Request::builder()
+                .header(header::HOST, h)
+                .body(Body::empty())
+                .unwrap();
+            host(&r).unwrap()
+        };
+        assert_eq!(named("LocalHost:8080"), "localhost");
+        assert_eq!(named("[::1]:8080"), "[::1]");
+        assert_eq!(named("127.0.0.2"), "127.0.0.2");
+        for h in ["localhost", "[::1]", "127.0.0.1", "127.9.9.9"] {
+            assert!(loopback(h), "{h}");
+        }
+        for h in [
+            "attacker.example",
+            "localhost.attacker.example",
+            "10.0.0.1",
+            "0.0.0.0",
+            "[::2]",
+        ] {
+            assert!(!loopback(h), "{h}");
+        }
+        let h2 = Request::builder()
+            .uri("http://Example.org:81/ui")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(host(&h2).unwrap(), "example.org");
     }
 
     #[test]

@@ -19,7 +19,6 @@ use super::auth::Ctx;
 use super::page;
 use crate::api::sessions::{existing, Target};
 use crate::api::QueryParams;
-use crate::memory::session::Session;
 use crate::server::app::App;
 
 const EVERY: Duration = Duration::from_millis(150);
@@ -53,7 +52,9 @@ pub fn next(since: u64, now: Option<(u64, Option<&str>)>, sent: Option<&str>) ->
 
 struct Watch {
     app: Arc<App>,
-    session: Arc<Session>,
+    /// The id, not the session: an ended session is not kept alive by a
+    /// page that watches it.
+    id: String,
     since: u64,
     sent: Option<String>,
     until: tokio::time::Instant,
@@ -72,7 +73,7 @@ pub async fn stream(
     };
     let watch = Watch {
         app,
-        session,
+        id: session.id.clone(),
         since: q.since,
         sent: None,
         until: tokio::time::Instant::now() + AT_MOST,
@@ -83,7 +84,7 @@ pub async fn stream(
             if w.done || tokio::time::Instant::now() >= w.until {
                 return None;
             }
-            let here = w.app.sessions.get(&w.session.id);
+            let here = w.app.sessions.get(&w.id);
             let glance = here.map(|s| s.glance());
             let now = glance
                 .as_ref()

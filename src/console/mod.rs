@@ -13,6 +13,7 @@
 //! `live::next`, `series` and `plot` are pure; the rest is HTTP.
 
 pub mod auth;
+pub mod gate;
 mod live;
 mod page;
 pub mod plot;
@@ -38,7 +39,7 @@ use auth::Ctx;
 
 /// The console's state in the `App`.
 pub struct Console {
-    pub gate: auth::Gate,
+    pub gate: gate::Gate,
     pub series: Arc<series::Series>,
 }
 
@@ -53,7 +54,7 @@ impl Console {
             move || clock.now_ms(),
         );
         Self {
-            gate: auth::Gate::new(app_parts.admin_token, app_parts.client_keys),
+            gate: gate::Gate::new(app_parts.admin_token, app_parts.client_keys),
             series,
         }
     }
@@ -121,13 +122,17 @@ async fn login(
     let cookie = app
         .console
         .as_ref()
-        .and_then(|c| c.gate.login(token.trim()));
+        .and_then(|c| c.gate.login(token.trim(), app.policy.clock.now_ms()));
     match cookie {
         Some(cookie) => {
             let mut r = Redirect::to("/ui").into_response();
             r.headers_mut().append(
                 header::SET_COOKIE,
-                auth::set_cookie(auth::SESSION_COOKIE, &cookie, None),
+                auth::set_cookie(
+                    auth::SESSION_COOKIE,
+                    &cookie,
+                    Some(gate::MAX_AGE_MS as u64 / 1000),
+                ),
             );
             r
         }
@@ -152,6 +157,10 @@ async fn logout() -> Response {
 }
 
 async fn overview(State(app): State<Arc<App>>, Extension(ctx): Extension<Ctx>) -> Response {
+    if ctx.access != Some(crate::api::auth::Access::All) {
+        let why = "The overview shows the figures of every tenant: the admin's only.";
+        return page::refused(StatusCode::FORBIDDEN, why, &ctx.csrf);
+    }
     let charts = app
         .console
         .as_ref()

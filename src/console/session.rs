@@ -6,15 +6,16 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use maud::{html, Markup};
 use serde_json::json;
 
 use super::auth::{form_field, Ctx};
 use super::page::{self, csrf_field, when};
-use super::sessions::{session_href, user_href};
+use super::sessions::{session_href, users_href};
 use super::transcript::{entries, Entry, Shown};
+use crate::api::auth::Access;
 use crate::api::sessions::{self, existing, Target};
 use crate::memory::message::Message;
 use crate::memory::session::Seen;
@@ -31,16 +32,17 @@ pub async fn page(
     };
     let seen = session.seen();
     let title = format!("Session {}", target.name);
-    let body = render(&ctx, &app.instructions, &target, &seen);
+    let tenants = ctx.access == Some(Access::All) && app.client_keys.is_some();
+    let body = render(&ctx, &app.instructions, &target, &seen, tenants);
     page::page(&ctx, &title, body)
 }
 
-fn render(ctx: &Ctx, configured: &[Message], target: &Target, s: &Seen) -> Markup {
+fn render(ctx: &Ctx, configured: &[Message], target: &Target, s: &Seen, tenants: bool) -> Markup {
     let href = session_href(&target.name);
     html! {
         h1 { "Session " span.id { (target.name) } }
         dl.facts {
-            @if !s.users.is_empty() { dt { "Users" } dd { @for u in &s.users { a.user-link href=(user_href(u)) { (u) } " " } } }
+            @if !s.users.is_empty() { dt { "Users" } dd { @for u in &s.users { a.user-link href=(users_href(&target.name, u, tenants)) { (u) } " " } } }
             dt { "Turns" } dd { (s.turn_id) }
             dt { "Messages held" } dd { (s.messages.len()) }
             dt { "Started" } dd { (when(s.created_ms)) }
@@ -55,6 +57,10 @@ fn render(ctx: &Ctx, configured: &[Message], target: &Target, s: &Seen) -> Marku
             }
         }
         (before(ctx, configured, &href, s))
+        div #stale .note hidden {
+            "The session changed since this page was drawn. "
+            button #stale-reload type="button" { "Reload" }
+        }
         h2 { "Conversation" }
         div #transcript data-live=(format!("{href}/live")) data-signature=(s.signature) {
             @for e in entries(&s.messages, s.first_seq, s.window_from) {
@@ -180,18 +186,22 @@ fn message(m: &Shown<'_>) -> Markup {
     }
 }
 
-/// `POST /ui/sessions/{id}/interrupt`: as the session API's.
+/// `POST /ui/sessions/{id}/interrupt`: as the session API's. The page's
+/// button (which sends `x-csrf-token`) gets a 204; a form goes back.
 pub async fn interrupt(
     State(app): State<Arc<App>>,
     Extension(ctx): Extension<Ctx>,
     target: Target,
+    headers: axum::http::HeaderMap,
 ) -> Response {
     let back = session_href(&target.name);
-    page::done_or_error(
-        &ctx,
-        sessions::interrupt(State(app), target, Body::empty()).await,
-        &back,
-    )
+    let done = sessions::interrupt(State(app), target, Body::empty()).await;
+    match done {
+        Ok(_) if headers.contains_key(super::auth::CSRF_HEADER) => {
+            axum::http::StatusCode::NO_CONTENT.into_response()
+        }
+        done => page::done_or_error(&ctx, done, &back),
+    }
 }
 
 /// `POST /ui/sessions/{id}/end`: as the session API's.

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
 use maud::{html, Markup};
@@ -37,17 +38,21 @@ pub async fn page(
     Extension(ctx): Extension<Ctx>,
     QueryParams(q): QueryParams<ListQuery>,
 ) -> Response {
-    let all = match overviews(&app, &ctx.access).await {
+    let Some(access) = ctx.access.clone() else {
+        return page::refused(StatusCode::UNAUTHORIZED, "Sign in first.", &ctx.csrf);
+    };
+    let (all, capped) = match overviews(&app, &access).await {
         Ok(all) => all,
         Err(e) => return page::error(&ctx, e),
     };
-    let tenants = ctx.access == Access::All && app.client_keys.is_some();
+    let tenants = access == Access::All && app.client_keys.is_some();
     let picked = pick(all, &q.q, q.page);
-    page::page(&ctx, "Sessions", render(&picked, &q, tenants))
+    page::page(&ctx, "Sessions", render(&picked, &q, tenants, capped))
 }
 
-/// The sessions the caller may see, as they know their ids.
-async fn overviews(app: &App, access: &Access) -> Result<Vec<Overview>, ApiError> {
+/// The sessions the caller may see, as they know their ids, and whether
+/// storage held more than `SCANNED` of them.
+async fn overviews(app: &App, access: &Access) -> Result<(Vec<Overview>, bool), ApiError> {
     let mut by_id: HashMap<String, Overview> = app
         .sessions
         .all()
@@ -56,22 +61,35 @@ async fn overviews(app: &App, access: &Access) -> Result<Vec<Overview>, ApiError
         .map(|s| (s.id.clone(), s.overview()))
         .collect();
     let storage = &app.policy.storage;
+    let mut capped = false;
     if storage.persistent() {
-        let mut after: Option<String> = None;
+        // Ids sort by tenant first: a tenant's sessions follow `<tenant>:`.
+        let from = access.internal("");
+        let mut after = Some(from.into_owned()).filter(|a| !a.is_empty());
         let mut read = 0;
-        while read < SCANNED {
+        loop {
+            if read >= SCANNED {
+                capped = true;
+                break;
+            }
             let page = storage.list(after.as_deref(), 500, None).await?;
             let Some(last) = page.last() else { break };
             after = Some(last.id.clone());
             read += page.len();
+            let mut past = false;
             for l in page {
-                if access.show(&l.id).is_some() && !by_id.contains_key(&l.id) {
+                if access.show(&l.id).is_none() {
+                    past = true;
+                } else if !by_id.contains_key(&l.id) {
                     by_id.insert(l.id.clone(), Overview::from_listed(l));
                 }
             }
+            if past && *access != Access::All {
+                break;
+            }
         }
     }
-    Ok(by_id
+    let shown = by_id
         .into_values()
         .map(|mut o| {
             if let Some(shown) = access.show(&o.id) {
@@ -79,7 +97,8 @@ async fn overviews(app: &App, access: &Access) -> Result<Vec<Overview>, ApiError
             }
             o
         })
-        .collect())
+        .collect();
+    Ok((shown, capped))
 }
 
 /// One page of sessions matching `q`.
@@ -126,6 +145,16 @@ pub fn user_href(user: &str) -> String {
     format!("/ui/users/{}", segment(user))
 }
 
+/// The user page of a user of session `id` (as the caller knows it): the
+/// admin, who sees `<tenant>:<id>`, reaches that tenant's user as
+/// `<tenant>:<user>`, which is how the user's memory is kept.
+pub fn users_href(id: &str, user: &str, tenants: bool) -> String {
+    match split_tenant(id, tenants) {
+        ("", _) => user_href(user),
+        (tenant, _) => user_href(&format!("{tenant}:{user}")),
+    }
+}
+
 /// What a path segment may hold as it is (RFC 3986's unreserved
 /// characters, and `:` and `@`, which session ids use).
 const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
@@ -141,7 +170,7 @@ pub fn segment(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
 }
 
-fn render(p: &Picked, q: &ListQuery, tenants: bool) -> Markup {
+fn render(p: &Picked, q: &ListQuery, tenants: bool, capped: bool) -> Markup {
     let link = |page: usize| {
         format!(
             "/ui?q={}&page={page}",
@@ -154,7 +183,10 @@ fn render(p: &Picked, q: &ListQuery, tenants: bool) -> Markup {
             input type="search" name="q" value=(q.q) placeholder="session id or user";
             button type="submit" { "Search" }
         }
-        p.count { (p.total) " sessions" @if !q.q.is_empty() { " matching “" (q.q) "”" } }
+        p.count {
+            (p.total) " sessions" @if !q.q.is_empty() { " matching “" (q.q) "”" }
+            @if capped { " (stored sessions read: the first " (SCANNED) " by id, and all in this process)" }
+        }
         table #sessions {
             thead { tr {
                 @if tenants { th { "Tenant" } }
@@ -167,7 +199,7 @@ fn render(p: &Picked, q: &ListQuery, tenants: bool) -> Markup {
                     tr.session data-session=(o.id) {
                         @if tenants { td.tenant { (tenant) } }
                         td { a.session-link href=(session_href(&o.id)) { (name) } }
-                        td { @for u in &o.users { a.user-link href=(user_href(u)) { (u) } " " } }
+                        td { @for u in &o.users { a.user-link href=(users_href(&o.id, u, tenants)) { (u) } " " } }
                         td.num { (o.turn_id) }
                         td.num { (o.message_count) }
                         td { (page::when(o.last_active_at)) }
@@ -188,7 +220,7 @@ fn render(p: &Picked, q: &ListQuery, tenants: bool) -> Markup {
 }
 
 /// An admin sees every tenant's sessions under `<tenant>:<id>`.
-fn split_tenant(id: &str, tenants: bool) -> (&str, &str) {
+pub fn split_tenant(id: &str, tenants: bool) -> (&str, &str) {
     match id.split_once(':') {
         Some((t, rest)) if tenants => (t, rest),
         _ => ("", id),
@@ -235,5 +267,8 @@ mod tests {
         assert_eq!(user_href("a b/c"), "/ui/users/a%20b%2Fc");
         assert_eq!(split_tenant("ab12:s1", true), ("ab12", "s1"));
         assert_eq!(split_tenant("ab12:s1", false), ("", "ab12:s1"));
+        assert_eq!(users_href("ab12:s1", "ana", true), "/ui/users/ab12:ana");
+        assert_eq!(users_href("s1", "ana", true), "/ui/users/ana");
+        assert_eq!(users_href("ab12:s1", "ana", false), "/ui/users/ana");
     }
 }

@@ -16,8 +16,12 @@ use crate::server::app::App;
 /// any; starts the extraction and the search it leaves.
 pub(crate) async fn for_turn(app: &Arc<App>, id: &str, due: LongTermDue) -> Option<Message> {
     let long_term = app.long_term.as_ref()?;
-    let user = due.user?;
     let session = app.sessions.get(id)?;
+    let Some(user) = due.user else {
+        // A turn without a user sends no facts: the console says so.
+        session.facts_sent(None);
+        return None;
+    };
     if let Some(ex) = due.extract {
         drop(jobs::extract(
             Arc::clone(long_term),

@@ -48,8 +48,17 @@
     if (live) { live.hidden = false; }
     if (button) { button.disabled = false; }
   });
+  // Something typed and not saved (a summary being edited) is not thrown
+  // away by a reload: the page says it is stale instead.
+  const editing = () => [...document.querySelectorAll("textarea, input[type=text]")]
+    .some((f) => f === document.activeElement || f.value !== f.defaultValue);
   events.addEventListener("changed", () => {
     events.close();
-    if (!leaving) { window.location.reload(); }
+    if (leaving) { return; }
+    if (!editing()) { window.location.reload(); return; }
+    const note = document.getElementById("stale");
+    if (note) { note.hidden = false; }
   });
+  const reload = document.getElementById("stale-reload");
+  if (reload) { reload.addEventListener("click", () => window.location.reload()); }
 })();

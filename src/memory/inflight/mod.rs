@@ -278,12 +278,12 @@ impl InFlight {
         self.progress().end_durable = Some(ticket);
     }
 
-    /// Whether the reply is settled (its record decided).
     /// The text handed to the client so far (what the console shows live).
     pub fn relayed_text(&self) -> String {
         self.progress().relayed.content().to_owned()
     }
 
+    /// Whether the reply is settled (its record decided).
     pub fn is_settled(&self) -> bool {
         self.progress().outcome != Outcome::Open
     }

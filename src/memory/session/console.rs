@@ -74,21 +74,17 @@ impl Session {
     }
 }
 
-/// Moves when anything the session page shows moves: a turn, a record or
-/// its later `original`, a trim, the window, a summary, a reply starting
-/// or ending. The newest few messages are hashed whole, since a drain
-/// changes a stored reply in place.
+/// Moves when anything the session page shows moves: a message pushed,
+/// edited (a drain's later `original`) or dropped, the meta (users, system
+/// messages), a summary, the carried note, the window, a reply starting or
+/// ending, the facts a turn sent.
 fn signature(st: &super::state::State) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (st.turn_id, st.messages.len(), st.first_seq, st.window_from).hash(&mut h);
+    (st.changes, st.turn_id, st.first_seq, st.window_from).hash(&mut h);
     st.active.is_some().hash(&mut h);
-    st.system_messages.len().hash(&mut h);
     let summary = st.remembered.summary.as_ref();
     summary.map(|s| (s.until, s.at_ms)).hash(&mut h);
     st.remembered.carried.hash(&mut h);
-    let from = st.messages.len().saturating_sub(4);
-    for m in &st.messages[from..] {
-        serde_json::to_string(&**m).unwrap_or_default().hash(&mut h);
-    }
+    st.long_term.sent.as_ref().map(Arc::as_ptr).hash(&mut h);
     h.finish()
 }

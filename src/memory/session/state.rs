@@ -63,6 +63,9 @@ pub(super) struct State {
     /// The last turn's `Idempotency-Key`: the same key again is a retry.
     /// Kept in memory only; an SDK's retry also says so in its headers.
     pub(super) last_key: Option<String>,
+    /// Moves on every change of the messages and the meta, so that a
+    /// reader (the console's live page) sees a change without comparing.
+    pub(super) changes: u64,
 }
 
 /// The meta as last sent to storage. Users and system messages can be
@@ -133,6 +136,7 @@ impl State {
                 ..Saved::default()
             },
             last_key: None,
+            changes: 0,
         }
     }
 
@@ -202,17 +206,20 @@ impl State {
 
     /// Users or system messages changed: the next write carries them.
     pub(super) fn meta_changed(&mut self) {
+        self.changes += 1;
         self.saved.whole = false;
     }
 
     // Every change to `messages` goes through these, which keep `bytes`.
 
     pub(super) fn replace_messages(&mut self, messages: Vec<Arc<Message>>) -> Vec<Arc<Message>> {
+        self.changes += 1;
         self.bytes = messages.iter().map(|m| m.byte_cost()).sum();
         std::mem::replace(&mut self.messages, messages)
     }
 
     pub(super) fn push_message(&mut self, m: Arc<Message>) {
+        self.changes += 1;
         self.bytes += m.byte_cost();
         self.messages.push(m);
     }
@@ -224,12 +231,14 @@ impl State {
     }
 
     pub(super) fn drop_oldest(&mut self, n: usize) {
+        self.changes += 1;
         let gone: usize = self.messages[..n].iter().map(|m| m.byte_cost()).sum();
         self.bytes = self.bytes.saturating_sub(gone);
         self.messages.drain(..n);
     }
 
     pub(super) fn clear_messages(&mut self) {
+        self.changes += 1;
         self.bytes = 0;
         self.messages.clear();
     }
@@ -241,6 +250,7 @@ impl State {
         index: usize,
         change: impl FnOnce(&mut Message) -> T,
     ) -> T {
+        self.changes += 1;
         let m = Message::edit(&mut self.messages[index]);
         let before = m.byte_cost();
         let out = change(m);
