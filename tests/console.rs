@@ -369,7 +369,10 @@ async fn signing_in_takes_the_admin_token_or_a_client_key_and_sets_a_strict_cook
     // The admin's user links name the tenant's user as its memory is kept.
     let admin_page = b.get(&format!("/ui/sessions/{b_internal}")).await.body;
     let tenant_b = b_internal.split(':').next().unwrap();
-    assert!(admin_page.contains(&format!(r#"href="/ui/users/{tenant_b}:ana""#)), "{admin_page}");
+    assert!(
+        admin_page.contains(&format!(r#"href="/ui/users/{tenant_b}:ana""#)),
+        "{admin_page}"
+    );
     let own = h
         .client
         .get(format!("{}/ui/sessions/b-only", h.url))
@@ -614,7 +617,9 @@ async fn a_client_set_timestamp_out_of_any_calendar_still_renders() {
     }
     let p = Browser::new(&h).get("/ui/sessions/s-time").await;
     assert_eq!(p.status, 200, "{}", p.body);
-    assert!(p.body.contains(r#"<span class="raw-time">300000000000000</span>"#));
+    assert!(p
+        .body
+        .contains(r#"<span class="raw-time">300000000000000</span>"#));
     assert_eq!(Browser::new(&h).get("/ui").await.status, 200);
 }
 
@@ -632,7 +637,12 @@ async fn a_console_without_a_token_answers_only_on_loopback_names_or_allowed_hos
     let rebound = get("attacker.example:8080").await.unwrap();
     assert_eq!(rebound.status(), 403);
     assert!(!rebound.text().await.unwrap().contains("hello"));
-    for ok in ["localhost:8080", "127.0.0.1", "[::1]:80", "Recall.Internal:8080"] {
+    for ok in [
+        "localhost:8080",
+        "127.0.0.1",
+        "[::1]:80",
+        "Recall.Internal:8080",
+    ] {
         assert_eq!(get(ok).await.unwrap().status(), 200, "{ok}");
     }
 }
