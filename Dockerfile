@@ -16,14 +16,16 @@ FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 
 # The dependencies first, built against stub sources, so that this layer is
-# rebuilt only when Cargo.toml or Cargo.lock change. The bench stubs are
-# there because cargo wants every target the manifest declares to exist.
+# rebuilt only when Cargo.toml or Cargo.lock change. The stubs of the
+# benches and of the example in benches/ are there because cargo wants
+# every target the manifest declares to exist.
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
     && echo 'fn main() {}' > benches/load.rs \
     && echo 'fn main() {}' > benches/pure.rs \
+    && echo 'fn main() {}' > benches/naive_hop.rs \
     && cargo build --release --locked --bin recall \
     && rm -rf src benches
 

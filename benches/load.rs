@@ -1,10 +1,13 @@
 //! The load benchmark: `cargo bench --bench load` (see BENCHMARKS.md).
 //!
 //! One run on one machine drives an instant mock upstream directly, through
-//! a plain nginx `proxy_pass` hop (if nginx is installed), through recall
-//! with the memory and the sqlite backend, and through LiteLLM's proxy (if
-//! `litellm` is installed). Load is open-loop at a fixed rate; latency is
-//! measured from each request's intended send time, so queueing shows.
+//! a plain nginx `proxy_pass` hop (if nginx is installed), through the naive
+//! hop (benches/naive_hop.rs: axum and reqwest like recall, parsing the
+//! request and adding one system message, nothing else; recall's figures
+//! are also given as ratios to its), through recall with the memory and the
+//! sqlite backend, and through LiteLLM's proxy (if `litellm` is installed).
+//! Load is open-loop at a fixed rate; latency is measured from each
+//! request's intended send time, so queueing shows.
 //! Options: `--quick` (shorter runs, one round), `--only NAME` (scenario filter),
 //! `--repeat N` (rounds of the headline scenarios, median reported; 3 by
 //! default), `--rate N` (requests a second of the open-loop scenarios;
@@ -238,14 +241,18 @@ async fn wait_ready(url: &str) {
     panic!("{url} did not come up");
 }
 
-async fn start_recall(mock: SocketAddr, backend: &str, max_messages: usize) -> Target {
-    // RECALL_BENCH_THREADS sets `worker_threads` for every scenario but
-    // the highest-rate one, which runs both counts anyway.
-    let workers = std::env::var("RECALL_BENCH_THREADS")
+/// recall's `worker_threads` (0 = one per CPU), and the naive hop's beside
+/// it: RECALL_BENCH_THREADS sets it for every scenario but the highest-rate
+/// one, which runs 1 besides anyway.
+fn bench_threads() -> usize {
+    std::env::var("RECALL_BENCH_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    start_recall_with(mock, backend, max_messages, workers).await
+        .unwrap_or(0)
+}
+
+async fn start_recall(mock: SocketAddr, backend: &str, max_messages: usize) -> Target {
+    start_recall_with(mock, backend, max_messages, bench_threads()).await
 }
 
 /// `workers`: `[server] worker_threads` (0 = one per CPU).
@@ -300,6 +307,90 @@ async fn launch(mock: SocketAddr, backend: &str, workers: usize, sections: &str)
         name: format!("recall ({backend}{threads})"),
         base,
         recall: true,
+        child: Some(child),
+    }
+}
+
+/// The naive hop's executable. It is an example of this package
+/// (benches/naive_hop.rs), and `cargo bench --bench load` builds no
+/// examples, so it is built here, once per run, by the cargo running this
+/// benchmark (`CARGO`) with the bench profile: the dependencies are the
+/// ones just built for the benchmark, so a fresh build only compiles and
+/// links the hop, and an unchanged one is a no-op. Its path is what cargo
+/// reports, wherever the target directory is.
+///
+/// Without the variables cargo sets for the benchmark it runs
+/// (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`): some build scripts (ring's) rerun
+/// when one of them changes, so that with them the build here and the next
+/// `cargo bench` would each rebuild ring and everything above it in turn
+/// (minutes each).
+fn naive_hop_exe() -> &'static str {
+    static EXE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(&cargo);
+        for (name, _) in std::env::vars_os() {
+            let set_by_cargo = name.to_str().is_some_and(|n| {
+                n.starts_with("CARGO_PKG_")
+                    || n.starts_with("CARGO_MANIFEST_")
+                    || [
+                        "CARGO_CRATE_NAME",
+                        "CARGO_BIN_NAME",
+                        "CARGO_PRIMARY_PACKAGE",
+                        "OUT_DIR",
+                    ]
+                    .contains(&n)
+            });
+            if set_by_cargo {
+                build.env_remove(name);
+            }
+        }
+        let out = build
+            .args(["build", "--locked", "--quiet", "--profile", "bench"])
+            .args(["--example", "naive_hop", "--message-format", "json"])
+            .arg("--manifest-path")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cargo} to build the naive hop: {e}"));
+        assert!(
+            out.status.success(),
+            "`cargo build --profile bench --example naive_hop` failed"
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "naive_hop")
+            .find_map(|m| m["executable"].as_str().map(str::to_owned))
+            .expect("cargo named no naive_hop executable")
+    })
+}
+
+/// The naive hop on `workers` tokio worker threads (0 = one per CPU), the
+/// count recall runs with in the same scenario.
+async fn start_hop(mock: SocketAddr, workers: usize) -> Target {
+    let port = free_port();
+    let child = under_test(naive_hop_exe())
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--upstream")
+        .arg(format!("http://{mock}/v1"))
+        .arg("--threads")
+        .arg(workers.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the naive hop");
+    // Any answer will do (it has no route but chat's: a 404).
+    wait_ready(&format!("http://127.0.0.1:{port}/")).await;
+    let threads = match workers {
+        0 => String::new(),
+        1 => ", 1 worker thread".into(),
+        n => format!(", {n} worker threads"),
+    };
+    Target {
+        name: format!("naive hop (axum + reqwest{threads})"),
+        base: format!("http://127.0.0.1:{port}/v1"),
+        recall: false,
         child: Some(child),
     }
 }
@@ -777,6 +868,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
     };
     let memory = start_recall(mock, "memory", 20_000).await;
     let sqlite = start_recall(mock, "sqlite", 20_000).await;
+    let hop = start_hop(mock, bench_threads()).await;
     let nginx = start_nginx(mock).await;
     let litellm = if wanted("litellm") || only.is_none() {
         start_litellm(mock).await
@@ -817,10 +909,16 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         }
         // The paths take turns, `repeat` rounds, so that a slow spell of
         // the machine hits them alike; each row is the median round.
-        let targets: Vec<&Target> = [Some(&direct), nginx.as_ref(), Some(&memory), Some(&sqlite)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let targets: Vec<&Target> = [
+            Some(&direct),
+            nginx.as_ref(),
+            Some(&hop),
+            Some(&memory),
+            Some(&sqlite),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         for target in &targets {
             seed(target, s.sessions, s.history).await;
         }
@@ -950,42 +1048,63 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
     if wanted("max") {
         println!();
         println!(
-            "| path | highest sustained req/s (16 connections, non-stream) | share of direct |"
+            "| path | highest sustained req/s (16 connections, non-stream) | share of direct | \
+             ÷ naive hop (same threads) |"
         );
-        println!("|---|---|---|");
+        println!("|---|---|---|---|");
         // recall as nginx is run here: one thread serving, which on 2
         // cores shared with the generator and the mock costs less CPU per
-        // request than one thread per core.
+        // request than one thread per core. The naive hop runs with each
+        // thread count recall runs with, and each path is also given as a
+        // ratio to the hop of its thread count (nginx: to the hop on one
+        // thread, as nginx runs one worker).
         let single = start_recall_with(mock, "memory", 20_000, 1).await;
-        let targets: Vec<&Target> = [
-            Some(&direct),
-            nginx.as_ref(),
-            Some(&memory),
-            Some(&single),
-            Some(&sqlite),
+        let hop_single = start_hop(mock, 1).await;
+        let targets: Vec<(&Target, Option<&Target>)> = [
+            (Some(&direct), None),
+            (nginx.as_ref(), Some(&hop_single)),
+            (Some(&hop), Some(&hop)),
+            (Some(&hop_single), Some(&hop_single)),
+            (Some(&memory), Some(&hop)),
+            (Some(&single), Some(&hop_single)),
+            (Some(&sqlite), Some(&hop)),
         ]
         .into_iter()
-        .flatten()
+        .filter_map(|(t, reference)| Some((t?, reference)))
         .collect();
-        // Rounds, like the headline scenarios: each path's rate and its
-        // share of the direct rate measured in the same round, as medians.
+        let position = |t: &Target| targets.iter().position(|(u, _)| std::ptr::eq(*u, t));
+        // Rounds, like the headline scenarios: each path's rate, its share
+        // of the direct rate and its ratio to the hop's measured in the
+        // same round, as medians.
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
         let mut shares: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+        let mut to_hop: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
         for _ in 0..repeat {
             let direct_max = max_rate(&direct, 16, secs.min(5.0)).await;
-            for (i, target) in targets.iter().enumerate() {
-                let m = if i == 0 {
+            let mut round = Vec::with_capacity(targets.len());
+            for (i, (target, _)) in targets.iter().enumerate() {
+                round.push(if i == 0 {
                     direct_max
                 } else {
                     max_rate(target, 16, secs.min(5.0)).await
-                };
-                rates[i].push(m);
-                shares[i].push(m / direct_max);
+                });
+            }
+            for (i, (_, reference)) in targets.iter().enumerate() {
+                rates[i].push(round[i]);
+                shares[i].push(round[i] / direct_max);
+                if let Some(r) = reference.and_then(position) {
+                    to_hop[i].push(round[i] / round[r]);
+                }
             }
         }
-        for (i, target) in targets.iter().enumerate() {
+        for (i, (target, _)) in targets.iter().enumerate() {
+            let ratio = if to_hop[i].is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.2}", median_of(&mut to_hop[i]))
+            };
             println!(
-                "| {} | {:.0} | {:.2} |",
+                "| {} | {:.0} | {:.2} | {ratio} |",
                 target.name,
                 median_of(&mut rates[i]),
                 median_of(&mut shares[i])
@@ -1031,10 +1150,15 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         long_term_turns(mock, quick, repeat).await;
     }
 
-    // The overhead: proxy minus direct.
+    // The overhead: proxy minus direct, and each path's added p50 as a
+    // ratio to the naive hop's in the same scenario (of the medians shown;
+    // "-" where the hop added nothing at p50).
     println!();
-    println!("| path | scenario | added p50 ms | added p99 ms | added TTFB p99 ms |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| path | scenario | added p50 ms | added p99 ms | added TTFB p99 ms | \
+         added p50 ÷ naive hop's |"
+    );
+    println!("|---|---|---|---|---|---|");
     let mut keys: Vec<_> = summary.keys().cloned().collect();
     keys.sort();
     for (target, scenario) in keys {
@@ -1048,8 +1172,16 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
             continue;
         }
         let (p50, p99, ttfb) = summary[&(target.clone(), scenario.clone())];
+        let ratio = summary
+            .get(&(hop.name.clone(), scenario.clone()))
+            .map(|h| h.0 - base.0)
+            .filter(|added| *added > 0.0)
+            .map_or_else(
+                || "-".to_owned(),
+                |added| format!("{:.2}", (p50 - base.0) / added),
+            );
         println!(
-            "| {target} | {scenario} | {:.3} | {:.3} | {} |",
+            "| {target} | {scenario} | {:.3} | {:.3} | {} | {ratio} |",
             p50 - base.0,
             p99 - base.1,
             if ttfb.is_nan() {
