@@ -670,3 +670,27 @@ async fn the_interrupt_button_gets_a_204_and_a_form_goes_back() {
     assert_eq!(resp.status, 404);
     assert!(resp.body.contains("not found"));
 }
+
+#[tokio::test]
+async fn a_bad_address_under_ui_is_a_page_not_json() {
+    let h = console("").await;
+    let b = Browser::new(&h);
+    for (path, status, says) in [
+        ("/ui/sessions/nobody", 404, "session `nobody` not found"),
+        ("/ui?page=x", 400, "query string is invalid"),
+        ("/ui/sessions/s/live", 400, "query string is invalid"),
+        ("/ui/no/such/page", 404, "There is no such page."),
+    ] {
+        let p = b.get(path).await;
+        assert_eq!(p.status, status, "{path}");
+        assert!(
+            p.headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html"),
+            "{path}"
+        );
+        assert!(p.body.contains(says), "{path}: {}", p.body);
+        assert!(p.headers.contains_key("content-security-policy"));
+    }
+}

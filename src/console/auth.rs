@@ -131,7 +131,7 @@ pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) ->
                         request.extensions_mut().insert(a.clone());
                     }
                     request.extensions_mut().insert(ctx);
-                    next.run(request).await
+                    as_page(next.run(request).await, &csrf).await
                 }
                 Err(why) => page::refused(StatusCode::FORBIDDEN, why, &csrf),
             }
@@ -143,6 +143,27 @@ pub async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) ->
             .append(header::SET_COOKIE, set_cookie(CSRF_COOKIE, &csrf, None));
     }
     response
+}
+
+/// An error the session API's extractors or handlers answered in
+/// OpenAI's JSON shape (a bad query, an unknown session), as a page.
+async fn as_page(response: Response, csrf: &str) -> Response {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || !json {
+        return response;
+    }
+    let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let message = parsed["error"]["message"]
+        .as_str()
+        .unwrap_or("The request failed.");
+    page::refused(status, message, csrf)
 }
 
 /// The host a request names, without its port, lower-case: the Host

@@ -88,6 +88,7 @@ pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
         )
         .route("/ui/users/{user}/forget", post(users::forget))
         .route("/ui/assets/{file}", get(asset))
+        .route("/ui/{*rest}", axum::routing::any(no_page))
         .route_layer(middleware::from_fn_with_state(Arc::clone(app), auth::guard))
 }
 
@@ -174,6 +175,10 @@ async fn overview(State(app): State<Arc<App>>, Extension(ctx): Extension<Ctx>) -
         div.charts { @for c in &charts { (plot::chart(c)) } }
     };
     page::page(&ctx, "Overview", body)
+}
+
+async fn no_page(Extension(ctx): Extension<Ctx>) -> Response {
+    page::refused(StatusCode::NOT_FOUND, "There is no such page.", &ctx.csrf)
 }
 
 const CSS: &str = include_str!("assets/console.css");
