@@ -92,6 +92,11 @@ pub struct Redis {
     replica: String,
     next_token: AtomicU64,
     on_interrupt: Arc<OnceLock<OnInterrupt>>,
+    /// The token of each session lease this replica holds, by session id:
+    /// an interrupt request names the lease it is for, and one that comes
+    /// after that lease was given up (pub/sub is not ordered with the
+    /// lease) must not cut a later turn.
+    holding: Arc<DashMap<String, String>>,
     /// Sessions whose writes failed (see `Fences`).
     pub(crate) fences: Arc<Fences>,
     #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
@@ -110,6 +115,8 @@ pub struct Lease {
     renewal: CancellationToken,
     /// A session's lease: the writer's queue, for the release on drop.
     release_on_drop: Option<mpsc::UnboundedSender<Batch>>,
+    /// A session's lease: where this replica says it holds it.
+    holding: Option<Arc<DashMap<String, String>>>,
 }
 
 impl Lease {
@@ -119,8 +126,16 @@ impl Lease {
         self.renewal.is_cancelled()
     }
 
+    /// This replica no longer holds it (for interrupt requests).
+    fn let_go(&mut self) {
+        if let Some(holding) = self.holding.take() {
+            holding.remove_if(&self.id, |_, token| *token == self.token);
+        }
+    }
+
     /// The op that gives the lease up; the drop then queues nothing.
     pub(super) fn release_op(mut self) -> Op {
+        self.let_go();
         self.release_on_drop = None;
         Op::Release {
             id: std::mem::take(&mut self.id),
@@ -132,6 +147,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.renewal.cancel();
+        self.let_go();
         if let Some(tx) = self.release_on_drop.take() {
             let ops = vec![Op::Release {
                 id: std::mem::take(&mut self.id),
@@ -175,6 +191,7 @@ impl Redis {
             rx,
         ));
         let on_interrupt: Arc<OnceLock<OnInterrupt>> = Arc::new(OnceLock::new());
+        let holding: Arc<DashMap<String, String>> = Arc::default();
         // A cluster's nodes pass a plain PUBLISH on to every other node, so
         // a subscription to any one node hears every replica's requests.
         let nodes = match target {
@@ -185,6 +202,7 @@ impl Redis {
             nodes,
             keys.interrupt_channel(),
             Arc::clone(&on_interrupt),
+            Arc::clone(&holding),
         ));
         let replica = format!("{:x}", ring_random());
         tracing::info!(%replica, prefix = %config.key_prefix, cluster = matches!(conn, Conn::Cluster(_)), "redis storage open");
@@ -197,6 +215,7 @@ impl Redis {
             replica,
             next_token: AtomicU64::new(0),
             on_interrupt,
+            holding,
             fences,
             faults,
         })
@@ -260,11 +279,17 @@ impl Redis {
             // reply in flight registered yet when the first request came.
             let ask = asked_at.is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
             if wait == Wait::Interrupt && ask {
-                let _: i64 = redis::cmd("PUBLISH")
-                    .arg(self.keys.interrupt_channel())
-                    .arg(id)
-                    .query_async(&mut conn)
-                    .await?;
+                // Names the lease it is for: the request may reach its
+                // holder after that turn ended and another began.
+                let holder: Option<String> =
+                    redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+                if let Some(holder) = holder {
+                    let _: i64 = redis::cmd("PUBLISH")
+                        .arg(self.keys.interrupt_channel())
+                        .arg(format!("{id}\n{holder}"))
+                        .query_async(&mut conn)
+                        .await?;
+                }
                 asked_at = Some(tokio::time::Instant::now());
             }
             tokio::time::sleep(CLAIM_POLL).await;
@@ -343,11 +368,16 @@ impl Redis {
             self.lease_ms,
             renewal.clone(),
         ));
+        let holding = release_on_drop.as_ref().map(|_| {
+            self.holding.insert(id.to_owned(), token.clone());
+            Arc::clone(&self.holding)
+        });
         Lease {
             id: id.to_owned(),
             token,
             renewal,
             release_on_drop,
+            holding,
         }
     }
 
@@ -395,9 +425,27 @@ async fn renew(mut conn: Conn, key: String, token: String, lease_ms: u64, stop: 
     }
 }
 
+/// The session an interrupt request (`<id>\n<lease token>`) asks this
+/// replica to cut, if this replica still holds that very lease. A request
+/// without a token (an older replica's) is for whoever holds the session.
+fn meant_for_us<'a>(asked: &'a str, holding: &DashMap<String, String>) -> Option<&'a str> {
+    match asked.split_once('\n') {
+        None => Some(asked),
+        Some((id, token)) => holding
+            .get(id)
+            .is_some_and(|held| *held == token)
+            .then_some(id),
+    }
+}
+
 /// Interrupt requests from other replicas; resubscribes after errors, to
 /// the next node of a cluster.
-async fn listen(nodes: Vec<String>, channel: String, on_interrupt: Arc<OnceLock<OnInterrupt>>) {
+async fn listen(
+    nodes: Vec<String>,
+    channel: String,
+    on_interrupt: Arc<OnceLock<OnInterrupt>>,
+    holding: Arc<DashMap<String, String>>,
+) {
     for url in nodes.iter().cycle() {
         match redis::Client::open(url.as_str()) {
             Ok(client) => match client.get_async_pubsub().await {
@@ -407,10 +455,12 @@ async fn listen(nodes: Vec<String>, channel: String, on_interrupt: Arc<OnceLock<
                     } else {
                         let mut messages = pubsub.on_message();
                         while let Some(msg) = messages.next().await {
-                            if let (Ok(id), Some(f)) =
+                            if let (Ok(asked), Some(f)) =
                                 (msg.get_payload::<String>(), on_interrupt.get())
                             {
-                                f(&id);
+                                if let Some(id) = meant_for_us(&asked, &holding) {
+                                    f(id);
+                                }
                             }
                         }
                     }
@@ -420,5 +470,22 @@ async fn listen(nodes: Vec<String>, channel: String, on_interrupt: Arc<OnceLock<
             Err(e) => tracing::warn!(error = %e, "redis pub/sub: bad node URL"),
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod interrupt_tests {
+    use super::*;
+
+    #[test]
+    fn an_interrupt_request_cuts_only_the_lease_it_names() {
+        let holding = DashMap::new();
+        holding.insert("s1".to_owned(), "r:7".to_owned());
+        assert_eq!(meant_for_us("s1\nr:7", &holding), Some("s1"));
+        // Sent for an earlier turn's lease, heard during a later one.
+        assert_eq!(meant_for_us("s1\nr:5", &holding), None);
+        assert_eq!(meant_for_us("s2\nr:7", &holding), None);
+        // An older replica's request names no lease.
+        assert_eq!(meant_for_us("s2", &holding), Some("s2"));
     }
 }
