@@ -236,23 +236,30 @@ impl Message {
         &self,
         map: &mut M,
     ) -> Result<(), M::Error> {
-        map.serialize_entry("role", &self.role)?;
-        map.serialize_entry("content", &self.content)?;
-        if let Some(name) = self.name() {
-            map.serialize_entry("name", name)?;
-        }
-        if let Some(calls) = self.tool_calls() {
-            map.serialize_entry("tool_calls", calls)?;
-        }
-        if let Some(id) = self.tool_call_id() {
-            map.serialize_entry("tool_call_id", id)?;
-        }
-        for (k, v) in self.extra() {
-            if OPENAI_FIELDS.contains(&k.as_str()) {
-                map.serialize_entry(k, v)?;
-            }
+        for (key, field) in self.openai_fields() {
+            map.serialize_entry(key, &field)?;
         }
         Ok(())
+    }
+
+    /// The fields OpenAI's API accepts, in the order they are sent: what
+    /// both serde and the upstream body's writer (`proxy::vendor`) write.
+    pub fn openai_fields(&self) -> impl Iterator<Item = (&str, Field<'_>)> {
+        let fixed = [
+            ("role", Some(Field::Text(self.role.as_str()))),
+            ("content", Some(Field::Value(&self.content))),
+            ("name", self.name().map(Field::Text)),
+            ("tool_calls", self.tool_calls().map(|c| Field::Values(c))),
+            ("tool_call_id", self.tool_call_id().map(Field::Text)),
+        ];
+        let extra = self
+            .extra()
+            .filter(|(k, _)| OPENAI_FIELDS.contains(&k.as_str()))
+            .map(|(k, v)| (k.as_str(), Field::Value(v)));
+        fixed
+            .into_iter()
+            .filter_map(|(k, f)| Some((k, f?)))
+            .chain(extra)
     }
 
     /// The fields behind this are counted as tokens: a change to one
@@ -388,6 +395,24 @@ impl Message {
     /// The message as OpenAI accepts it: extension fields dropped.
     pub fn to_openai(&self) -> Value {
         serde_json::to_value(OpenAi(self)).unwrap_or(Value::Null)
+    }
+}
+
+/// One field of a message, as the message holds it.
+#[derive(Debug, Clone, Copy)]
+pub enum Field<'a> {
+    Text(&'a str),
+    Value(&'a Value),
+    Values(&'a [Value]),
+}
+
+impl Serialize for Field<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Field::Text(s) => serializer.serialize_str(s),
+            Field::Value(v) => v.serialize(serializer),
+            Field::Values(vs) => vs.serialize(serializer),
+        }
     }
 }
 
