@@ -52,10 +52,6 @@ pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
             Arc::clone(app),
-            limit_headers,
-        ))
-        .layer(middleware::from_fn_with_state(
-            Arc::clone(app),
             observe::observe,
         ))
 }
@@ -131,25 +127,6 @@ fn v1(app: &Arc<App>) -> Router<Arc<App>> {
         .route("/models", get(models::list))
         .route("/models/{*model}", get(models::retrieve))
         .merge(session_api)
-}
-
-/// Headers past `max_header_bytes` are refused before any handler runs
-/// (hyper's own limit is far higher and answers without OpenAI's shape).
-async fn limit_headers(
-    State(app): State<Arc<App>>,
-    request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    let limit = app.config.server.max_header_bytes;
-    let size: usize = request
-        .headers()
-        .iter()
-        .map(|(k, v)| k.as_str().len() + v.len())
-        .sum();
-    if limit > 0 && size > limit {
-        return Err(RequestError::HeadersTooLarge { limit }.into());
-    }
-    Ok(next.run(request).await)
 }
 
 /// Who may use the session API, and on which sessions: the admin token

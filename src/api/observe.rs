@@ -1,5 +1,6 @@
 //! What every request leaves behind: a request id, a tracing span, one log
-//! line and its metrics.
+//! line and its metrics; and the one check every request passes first, on
+//! the size of its headers.
 //!
 //! The span is opened here and the handlers fill in what only they know
 //! (`session`, `turn`, `upstream`) with `Span::current().record(..)`; the
@@ -13,10 +14,11 @@ use std::time::Instant;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use tracing::field::Empty;
 use tracing::Instrument;
 
+use crate::error::{ApiError, RequestError};
 use crate::metrics::RequestLabels;
 use crate::server::app::App;
 
@@ -54,7 +56,10 @@ pub async fn observe(State(app): State<Arc<App>>, mut request: Request, next: Ne
     );
     let served = ServedBy::default();
     request.extensions_mut().insert(served.clone());
-    let mut response = next.run(request).instrument(span.clone()).await;
+    let mut response = match headers_too_large(&app, request.headers()) {
+        Some(refused) => refused.into_response(),
+        None => next.run(request).instrument(span.clone()).await,
+    };
     let took = started.elapsed();
     let status = response.status().as_u16();
     let upstream = served.0.get().cloned().unwrap_or_default();
@@ -85,6 +90,19 @@ pub async fn observe(State(app): State<Arc<App>>, mut request: Request, next: Ne
         headers.insert(REQUEST_ID, v);
     }
     response
+}
+
+/// Headers past `max_header_bytes` are refused before any handler runs
+/// (hyper's own limit is far higher and answers without OpenAI's shape).
+/// Checked here rather than in a layer of its own: each middleware layer
+/// is one more boxed service cloned for every request on every route.
+fn headers_too_large(app: &App, headers: &HeaderMap) -> Option<ApiError> {
+    let limit = app.config.server.max_header_bytes;
+    let size: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
+    (limit > 0 && size > limit).then(|| RequestError::HeadersTooLarge { limit }.into())
 }
 
 /// The route template, with the base-URL session form folded into the
