@@ -4,10 +4,18 @@
 //! a plain nginx `proxy_pass` hop (if nginx is installed), through the naive
 //! hop (benches/naive_hop.rs: axum and reqwest like recall, parsing the
 //! request and adding one system message, nothing else; recall's figures
-//! are also given as ratios to its), through recall with the memory and the
+//! are also given as ratios to its), through the same hop with a client
+//! that resends the conversation (20 prior messages a request, about the
+//! window recall sends upstream from its store, as a client without
+//! memory in the proxy must), through recall with the memory and the
 //! sqlite backend, and through LiteLLM's proxy (if `litellm` is installed).
 //! Load is open-loop at a fixed rate; latency is measured from each
-//! request's intended send time, so queueing shows.
+//! request's intended send time, so queueing shows. The highest-rate
+//! scenario also gives recall's and the hop's CPU time per request (from
+//! `/proc`), which unlike a rate does not depend on how the 2 cores are
+//! shared with the generator and the mock; the streaming headline
+//! scenario's added TTFB and chunk gaps are also given as ratios to the
+//! hop's.
 //! Options: `--quick` (shorter runs, one round), `--only NAME` (scenario filter),
 //! `--repeat N` (rounds of the headline scenarios, median reported; 3 by
 //! default), `--rate N` (requests a second of the open-loop scenarios;
@@ -30,6 +38,10 @@ use recall::proxy::mock::embed;
 use serde_json::{json, Value};
 
 const CHUNKS: usize = 50;
+/// Prior messages sent by the client of the naive hop that resends the
+/// conversation (`resending`): recall's `window_messages` here, so that
+/// the hop forwards about what recall sends upstream from its store.
+const RESENT: usize = 20;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -196,6 +208,19 @@ struct Target {
     base: String,
     /// Whether it keeps memory (sessions are seeded and named).
     recall: bool,
+    /// Prior messages each chat request carries before its new user
+    /// message (`request_body`): 0 but for the naive hop's "client
+    /// resends" path (`resending`). recall is sent only the new message
+    /// and adds the stored window itself; a pass-through keeps nothing,
+    /// so a client of one sends the conversation every time.
+    resend: usize,
+    /// The process whose CPU time is this path's own (`cpu_ticks`):
+    /// recall's and the naive hop's, the resending hop sharing its hop's.
+    /// None for direct, and for nginx and LiteLLM, whose work is done by
+    /// worker processes that the one started forks.
+    cpu_pid: Option<u32>,
+    /// The process started for this path, stopped on drop (None for
+    /// direct, and for the resending hop, whose process its hop owns).
     child: Option<Child>,
 }
 
@@ -307,6 +332,9 @@ async fn launch(mock: SocketAddr, backend: &str, workers: usize, sections: &str)
         name: format!("recall ({backend}{threads})"),
         base,
         recall: true,
+        resend: 0,
+        // `taskset` (with `--pin`) execs the program: the pid is its.
+        cpu_pid: Some(child.id()),
         child: Some(child),
     }
 }
@@ -391,7 +419,30 @@ async fn start_hop(mock: SocketAddr, workers: usize) -> Target {
         name: format!("naive hop (axum + reqwest{threads})"),
         base: format!("http://127.0.0.1:{port}/v1"),
         recall: false,
+        resend: 0,
+        cpu_pid: Some(child.id()),
         child: Some(child),
+    }
+}
+
+/// `hop` (a naive hop) as the path of a client that resends the
+/// conversation: each request carries `messages` prior messages of 200
+/// characters, alternating user and assistant, before its new user
+/// message. recall, sent only the new message, sends upstream a window of
+/// up to 20 stored messages of 200 characters; the hop, with no memory,
+/// forwards what it is sent, so this is the pass-through doing the same
+/// job, and recall is compared with both. The same process as `hop`
+/// (its CPU time is read between the two paths' runs, which never
+/// overlap); not stopped on drop, `hop` owns it.
+fn resending(hop: &Target, messages: usize) -> Target {
+    let name = hop.name.strip_suffix(')').unwrap_or(&hop.name);
+    Target {
+        name: format!("{name}, client resends {messages} messages)"),
+        base: hop.base.clone(),
+        recall: false,
+        resend: messages,
+        cpu_pid: hop.cpu_pid,
+        child: None,
     }
 }
 
@@ -429,6 +480,9 @@ async fn start_nginx(mock: SocketAddr) -> Option<Target> {
         name: "nginx proxy_pass".into(),
         base,
         recall: false,
+        resend: 0,
+        // The master's CPU time is not the workers'.
+        cpu_pid: None,
         child: Some(child),
     })
 }
@@ -465,6 +519,9 @@ async fn start_litellm(mock: SocketAddr) -> Option<Target> {
         name: "LiteLLM proxy (2 workers)".into(),
         base,
         recall: false,
+        resend: 0,
+        // Its workers are processes of their own.
+        cpu_pid: None,
         child: Some(child),
     })
 }
@@ -551,12 +608,36 @@ fn responses_body(stream: bool, i: usize, session: &str) -> String {
     json!({"model": "mock", "stream": stream, "input": text, "conversation": session}).to_string()
 }
 
-fn request_body(stream: bool, i: usize) -> String {
-    json!({"model": "mock", "stream": stream, "messages": [message("user", i)]}).to_string()
+/// Chat request `i`: its new user message, after `resend` prior messages
+/// (`Target::resend`: 0 but for a client resending the conversation).
+fn request_body(stream: bool, i: usize, resend: usize) -> String {
+    let new = message("user", i);
+    if resend == 0 {
+        return json!({"model": "mock", "stream": stream, "messages": [new]}).to_string();
+    }
+    format!(
+        r#"{{"model":"mock","stream":{stream},"messages":[{},{new}]}}"#,
+        prior_messages(resend)
+    )
 }
 
-/// Open loop: request `i` is due at `start + i / rate`, whatever happened
-/// to the earlier ones; its latency counts from then.
+/// The JSON of `n` prior messages (`message`, alternating user and
+/// assistant), comma-separated, built once per count: the generator shares
+/// the machine with the paths under test, and building and serialising 20
+/// messages for every request would cost it as much as sending one, which
+/// would lower the resending path's rates for a reason not the path's.
+fn prior_messages(n: usize) -> Arc<str> {
+    static BUILT: std::sync::Mutex<BTreeMap<usize, Arc<str>>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    Arc::clone(built.entry(n).or_insert_with(|| {
+        let messages: Vec<String> = (0..n)
+            .map(|k| message(if k % 2 == 0 { "user" } else { "assistant" }, k).to_string())
+            .collect();
+        messages.join(",").into()
+    }))
+}
+
 /// One client for the whole run, so that warm-up connections are reused.
 fn client() -> reqwest::Client {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
@@ -570,6 +651,9 @@ fn client() -> reqwest::Client {
         .clone()
 }
 
+/// Open loop: request `i` is due at `start + i / rate`, whatever happened
+/// to the earlier ones; its latency counts from then. Chat requests carry
+/// the target's `resend` prior messages (`request_body`).
 async fn open_loop(target: &Target, s: &Scenario) -> Stats {
     let client = client();
     let total = (s.rate * s.secs) as usize;
@@ -585,7 +669,7 @@ async fn open_loop(target: &Target, s: &Scenario) -> Stats {
             (url, responses_body(s.stream, i, &session))
         } else {
             let url = format!("{}/chat/completions", target.base);
-            (url, request_body(s.stream, i))
+            (url, request_body(s.stream, i, target.resend))
         };
         let (recall, stream) = (target.recall, s.stream);
         tokio::spawn(async move {
@@ -717,24 +801,42 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// What a `max_rate` run sustained.
+struct Sustained {
+    /// Completed requests a second (failed ones not counted).
+    rate: f64,
+    /// The path's own process's CPU time (user + system, all its threads)
+    /// over the run, in µs per completed request; None for a path
+    /// without one (`Target::cpu_pid`). Unlike the rate, which on this
+    /// 2-core machine depends on how the cores are shared with the
+    /// generator and the mock, this is the path's own cost.
+    cpu_us: Option<f64>,
+}
+
 /// Closed loop with `conns` connections, each sending its next request as
-/// soon as the last one is answered: the highest sustained rate. Each
-/// connection has sessions of its own, so that no two requests are ever
-/// turns of one session at once (which recall would answer as a barge-in).
-async fn max_rate(target: &Target, conns: usize, secs: f64) -> f64 {
+/// soon as the last one is answered: the highest sustained rate, and the
+/// path's CPU time per request over the run (`cpu_ticks` read just before
+/// the first request and after the last answer). Each connection has
+/// sessions of its own, so that no two requests are ever turns of one
+/// session at once (which recall would answer as a barge-in). Requests
+/// carry the target's `resend` prior messages.
+async fn max_rate(target: &Target, conns: usize, secs: f64) -> Sustained {
     let client = client();
-    let until = Instant::now() + Duration::from_secs_f64(secs);
     let url = format!("{}/chat/completions", target.base);
+    let cpu_before = target.cpu_pid.and_then(cpu_ticks);
+    let until = Instant::now() + Duration::from_secs_f64(secs);
     let workers: Vec<_> = (0..conns)
         .map(|c| {
             let (client, url, recall) = (client.clone(), url.clone(), target.recall);
+            let resend = target.resend;
             tokio::spawn(async move {
                 let mut n = 0usize;
                 let mut failures = Stats::default();
                 while Instant::now() < until {
                     let session = recall.then(|| format!("max-{c}-{}", n % 64));
                     let due = tokio::time::Instant::now();
-                    match one(&client, &url, session, request_body(false, n), false, due).await {
+                    let body = request_body(false, n, resend);
+                    match one(&client, &url, session, body, false, due).await {
                         Ok(_) => n += 1,
                         Err(kind) => failures.failed(kind),
                     }
@@ -751,8 +853,45 @@ async fn max_rate(target: &Target, conns: usize, secs: f64) -> f64 {
             all.absorb_failures(failures);
         }
     }
+    let cpu_after = target.cpu_pid.and_then(cpu_ticks);
     note_failures(&target.name, "highest rate", &all.failures);
-    total as f64 / secs
+    let cpu_us = match (cpu_before, cpu_after) {
+        (Some(before), Some(after)) if total > 0 => {
+            Some(after.saturating_sub(before) as f64 * 1e6 / clock_ticks_per_sec() / total as f64)
+        }
+        _ => None,
+    };
+    Sustained {
+        rate: total as f64 / secs,
+        cpu_us,
+    }
+}
+
+/// The CPU time process `pid` has used, all its threads, user and system
+/// (`utime` + `stime`, fields 14 and 15 of `/proc/<pid>/stat`), in clock
+/// ticks; None off Linux or once it has exited. Its children's are not
+/// included (nginx's workers', so nginx has none: `Target::cpu_pid`).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 2, the command, is in parentheses and may hold spaces: the
+    // fields are counted from the last ')', after which field 3 is first.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(14 - 3);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Clock ticks a second, the unit of `cpu_ticks` (100 on Linux almost
+/// everywhere, which is assumed if the system does not say).
+fn clock_ticks_per_sec() -> f64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 {
+        ticks as f64
+    } else {
+        100.0
+    }
 }
 
 fn median_of(xs: &mut [f64]) -> f64 {
@@ -777,7 +916,10 @@ fn rss_kib(child: &Option<Child>) -> Option<(u64, u64)> {
 
 // ------------------------------------------------------------- the run
 
-/// One run's figures for one path and scenario (latencies in ms).
+/// One run's figures for one path and scenario (latencies in ms; the
+/// TTFB and chunk-gap ones NaN for a run that did not stream). The TTFB
+/// and chunk-gap p50s are not in the results table, only in the streaming
+/// table's comparison with the naive hop.
 #[derive(Clone, Copy)]
 struct Figures {
     rate: f64,
@@ -786,7 +928,9 @@ struct Figures {
     p90: f64,
     p99: f64,
     max: f64,
+    ttfb50: f64,
     ttfb99: f64,
+    gap50: f64,
     gap99: f64,
 }
 
@@ -802,7 +946,9 @@ fn figures(path: &str, scenario: &str, st: &mut Stats) -> Figures {
         p90: pct(&mut st.latency, 0.90),
         p99: pct(&mut st.latency, 0.99),
         max: pct(&mut st.latency, 1.0),
+        ttfb50: pct(&mut st.ttfb, 0.50),
         ttfb99: pct(&mut st.ttfb, 0.99),
+        gap50: pct(&mut st.gaps, 0.50),
         gap99: pct(&mut st.gaps, 0.99),
     }
 }
@@ -821,7 +967,9 @@ fn median(runs: &[Figures]) -> Figures {
         p90: mid(|f| f.p90),
         p99: mid(|f| f.p99),
         max: mid(|f| f.max),
+        ttfb50: mid(|f| f.ttfb50),
         ttfb99: mid(|f| f.ttfb99),
+        gap50: mid(|f| f.gap50),
         gap99: mid(|f| f.gap99),
     }
 }
@@ -864,11 +1012,16 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         name: "direct to mock".into(),
         base: format!("http://{mock}/v1"),
         recall: false,
+        resend: 0,
+        cpu_pid: None,
         child: None,
     };
     let memory = start_recall(mock, "memory", 20_000).await;
     let sqlite = start_recall(mock, "sqlite", 20_000).await;
     let hop = start_hop(mock, bench_threads()).await;
+    // The same hop, its client resending the conversation, as a client
+    // without recall's memory must (`resending`).
+    let hop_resends = resending(&hop, RESENT);
     let nginx = start_nginx(mock).await;
     let litellm = if wanted("litellm") || only.is_none() {
         start_litellm(mock).await
@@ -877,14 +1030,15 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
     };
 
     let mut rows = Vec::new();
-    let mut summary: HashMap<(String, String), (f64, f64, f64)> = HashMap::new();
+    // Every row's figures by path and scenario, for the overhead tables.
+    let mut summary: HashMap<(String, String), Figures> = HashMap::new();
     let mut record = |target: &Target, s: &Scenario, f: Figures, rows: &mut Vec<Vec<String>>| {
         rows.push(row(&target.name, s, &f));
-        summary.insert(
-            (target.name.clone(), s.name.clone()),
-            (f.p50, f.p99, f.ttfb99),
-        );
+        summary.insert((target.name.clone(), s.name.clone()), f);
     };
+    // The streaming headline scenario's name and paths, in the order run,
+    // for the streaming table at the end.
+    let mut streamed: Option<(String, Vec<String>)> = None;
 
     // 1. Overhead, non-streaming and streaming, 1,000 sessions of 10 messages.
     for stream in [false, true] {
@@ -908,11 +1062,14 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
             continue;
         }
         // The paths take turns, `repeat` rounds, so that a slow spell of
-        // the machine hits them alike; each row is the median round.
+        // the machine hits them alike; each row is the median round. The
+        // naive hop runs twice: sent what recall is sent (one message),
+        // and sent the conversation by a client that resends it.
         let targets: Vec<&Target> = [
             Some(&direct),
             nginx.as_ref(),
             Some(&hop),
+            Some(&hop_resends),
             Some(&memory),
             Some(&sqlite),
         ]
@@ -932,6 +1089,10 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         }
         for (target, runs) in targets.iter().zip(&runs) {
             record(target, &s, median(runs), &mut rows);
+        }
+        if stream {
+            let paths = targets.iter().map(|t| t.name.clone()).collect();
+            streamed = Some((s.name.clone(), paths));
         }
         if let Some(l) = &litellm {
             let slow = Scenario {
@@ -1044,27 +1205,34 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
     }
     print_table(&rows);
 
-    // 4. Highest sustained rate, closed loop with 16 connections.
+    // 4. Highest sustained rate, closed loop with 16 connections, and
+    // each path's CPU time per request over its run.
     if wanted("max") {
         println!();
         println!(
             "| path | highest sustained req/s (16 connections, non-stream) | share of direct | \
-             ÷ naive hop (same threads) |"
+             ÷ naive hop (same threads) | CPU µs per request | ÷ naive hop's (same threads) |"
         );
-        println!("|---|---|---|---|");
+        println!("|---|---|---|---|---|---|");
         // recall as nginx is run here: one thread serving, which on 2
         // cores shared with the generator and the mock costs less CPU per
         // request than one thread per core. The naive hop runs with each
         // thread count recall runs with, and each path is also given as a
         // ratio to the hop of its thread count (nginx: to the hop on one
-        // thread, as nginx runs one worker).
+        // thread, as nginx runs one worker). Beside each hop, the same hop
+        // sent the conversation by a client that resends it, as a row of
+        // its own (its ratios to the plain hop's): recall's ratios stay to
+        // the plain hop's, and the reader compares with either.
         let single = start_recall_with(mock, "memory", 20_000, 1).await;
         let hop_single = start_hop(mock, 1).await;
+        let hop_single_resends = resending(&hop_single, RESENT);
         let targets: Vec<(&Target, Option<&Target>)> = [
             (Some(&direct), None),
             (nginx.as_ref(), Some(&hop_single)),
             (Some(&hop), Some(&hop)),
+            (Some(&hop_resends), Some(&hop)),
             (Some(&hop_single), Some(&hop_single)),
+            (Some(&hop_single_resends), Some(&hop_single)),
             (Some(&memory), Some(&hop)),
             (Some(&single), Some(&hop_single)),
             (Some(&sqlite), Some(&hop)),
@@ -1074,40 +1242,50 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         .collect();
         let position = |t: &Target| targets.iter().position(|(u, _)| std::ptr::eq(*u, t));
         // Rounds, like the headline scenarios: each path's rate, its share
-        // of the direct rate and its ratio to the hop's measured in the
-        // same round, as medians.
+        // of the direct rate, its ratio to the hop's, its CPU per request
+        // and that ratio to the hop's, measured in the same round, as
+        // medians. The rates on this 2-core machine depend on how the
+        // cores are shared with the generator and the mock; the CPU per
+        // request is the path's own (direct and nginx have none: "-").
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
         let mut shares: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
         let mut to_hop: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+        let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+        let mut cpu_to_hop: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
         for _ in 0..repeat {
-            let direct_max = max_rate(&direct, 16, secs.min(5.0)).await;
             let mut round = Vec::with_capacity(targets.len());
-            for (i, (target, _)) in targets.iter().enumerate() {
-                round.push(if i == 0 {
-                    direct_max
-                } else {
-                    max_rate(target, 16, secs.min(5.0)).await
-                });
+            for (target, _) in &targets {
+                round.push(max_rate(target, 16, secs.min(5.0)).await);
             }
+            let direct_max = round[0].rate;
             for (i, (_, reference)) in targets.iter().enumerate() {
-                rates[i].push(round[i]);
-                shares[i].push(round[i] / direct_max);
+                rates[i].push(round[i].rate);
+                shares[i].push(round[i].rate / direct_max);
+                cpu[i].extend(round[i].cpu_us);
                 if let Some(r) = reference.and_then(position) {
-                    to_hop[i].push(round[i] / round[r]);
+                    to_hop[i].push(round[i].rate / round[r].rate);
+                    if let (Some(own), Some(its)) = (round[i].cpu_us, round[r].cpu_us) {
+                        cpu_to_hop[i].push(own / its);
+                    }
                 }
             }
         }
-        for (i, (target, _)) in targets.iter().enumerate() {
-            let ratio = if to_hop[i].is_empty() {
+        let median_or_dash = |v: &mut Vec<f64>, digits: usize| {
+            if v.is_empty() {
                 "-".to_owned()
             } else {
-                format!("{:.2}", median_of(&mut to_hop[i]))
-            };
+                format!("{:.digits$}", median_of(v))
+            }
+        };
+        for (i, (target, _)) in targets.iter().enumerate() {
             println!(
-                "| {} | {:.0} | {:.2} | {ratio} |",
+                "| {} | {:.0} | {:.2} | {} | {} | {} |",
                 target.name,
                 median_of(&mut rates[i]),
-                median_of(&mut shares[i])
+                median_of(&mut shares[i]),
+                median_or_dash(&mut to_hop[i], 2),
+                median_or_dash(&mut cpu[i], 1),
+                median_or_dash(&mut cpu_to_hop[i], 2),
             );
         }
     }
@@ -1171,26 +1349,88 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         if target == "direct to mock" {
             continue;
         }
-        let (p50, p99, ttfb) = summary[&(target.clone(), scenario.clone())];
+        let f = summary[&(target.clone(), scenario.clone())];
         let ratio = summary
             .get(&(hop.name.clone(), scenario.clone()))
-            .map(|h| h.0 - base.0)
+            .map(|h| h.p50 - base.p50)
             .filter(|added| *added > 0.0)
             .map_or_else(
                 || "-".to_owned(),
-                |added| format!("{:.2}", (p50 - base.0) / added),
+                |added| format!("{:.2}", (f.p50 - base.p50) / added),
             );
         println!(
             "| {target} | {scenario} | {:.3} | {:.3} | {} | {ratio} |",
-            p50 - base.0,
-            p99 - base.1,
-            if ttfb.is_nan() {
+            f.p50 - base.p50,
+            f.p99 - base.p99,
+            if f.ttfb99.is_nan() {
                 "-".into()
             } else {
-                format!("{:.3}", ttfb - base.2)
+                format!("{:.3}", f.ttfb99 - base.ttfb99)
             }
         );
     }
+
+    if let Some((scenario, paths)) = &streamed {
+        streaming_against_hop(&summary, scenario, paths, &hop.name);
+    }
+}
+
+/// The streaming headline scenario's TTFB and chunk gaps, p50 and p99,
+/// each path's added over direct's, and each as a ratio to the plain
+/// naive hop's added figure (`hop`: the hop sent one message; "-" where
+/// the hop added nothing, or the figure is missing). The overhead table
+/// gives the added TTFB p99 only; this sets recall's streaming beside the
+/// least a proxy built like it adds, at the median and the tail.
+fn streaming_against_hop(
+    summary: &HashMap<(String, String), Figures>,
+    scenario: &str,
+    paths: &[String],
+    hop: &str,
+) {
+    let of = |path: &str| summary.get(&(path.to_owned(), scenario.to_owned()));
+    let (Some(base), Some(hop)) = (of("direct to mock"), of(hop)) else {
+        return;
+    };
+    // TTFB p50, TTFB p99, chunk gap p50, chunk gap p99.
+    let four = |f: &Figures| [f.ttfb50, f.ttfb99, f.gap50, f.gap99];
+    let added = |f: &Figures| {
+        let (own, direct) = (four(f), four(base));
+        [0, 1, 2, 3].map(|k| own[k] - direct[k])
+    };
+    let hop_added = added(hop);
+    println!();
+    println!(
+        "| path ({scenario}) | added TTFB p50 ms | added TTFB p99 ms | added chunk gap p50 ms | \
+         added chunk gap p99 ms | TTFB p50 ÷ naive hop's | TTFB p99 ÷ naive hop's | \
+         chunk gap p50 ÷ naive hop's | chunk gap p99 ÷ naive hop's |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let figure = |v: f64, digits: usize| {
+        if v.is_nan() {
+            "-".to_owned()
+        } else {
+            format!("{v:.digits$}")
+        }
+    };
+    for path in paths.iter().filter(|p| *p != "direct to mock") {
+        let Some(f) = of(path) else { continue };
+        let own = added(f);
+        // The gaps are a few µs: a fourth decimal.
+        let shown = [0, 1, 2, 3].map(|k| figure(own[k], if k < 2 { 3 } else { 4 }));
+        let ratios = [0, 1, 2, 3].map(|k| {
+            if hop_added[k] > 0.0 {
+                figure(own[k] / hop_added[k], 2)
+            } else {
+                "-".to_owned()
+            }
+        });
+        println!(
+            "| {path} | {} | {} |",
+            shown.join(" | "),
+            ratios.join(" | ")
+        );
+    }
+    let _ = std::io::stdout().flush();
 }
 
 /// 10 sessions of 500 turns each (100 with `--quick`), each turn sending
@@ -1263,6 +1503,7 @@ async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
 async fn turn_by_turn(target: &Target, sessions: usize, turns: usize, round: usize) -> Vec<f64> {
     let client = client();
     let url = format!("{}/chat/completions", target.base);
+    let resend = target.resend;
     let workers: Vec<_> = (0..sessions)
         .map(|s| {
             let (client, url) = (client.clone(), url.clone());
@@ -1271,9 +1512,8 @@ async fn turn_by_turn(target: &Target, sessions: usize, turns: usize, round: usi
                 for i in 0..turns {
                     let due = tokio::time::Instant::now();
                     let session = Some(format!("long-{round}-{s}"));
-                    if let Ok((l, _, _)) =
-                        one(&client, &url, session, request_body(false, i), false, due).await
-                    {
+                    let body = request_body(false, i, resend);
+                    if let Ok((l, _, _)) = one(&client, &url, session, body, false, due).await {
                         lat.push(l);
                     }
                 }
@@ -1655,16 +1895,18 @@ async fn sequential(target: &Target, s: &Scenario) -> Stats {
     let url = format!("{}/chat/completions", target.base);
     let per_session = ((s.rate * s.secs) as usize / s.sessions).max(1);
     let start = Instant::now();
+    let (recall, resend) = (target.recall, target.resend);
     let workers: Vec<_> = (0..s.sessions)
         .map(|sess| {
-            let (client, url, recall) = (client.clone(), url.clone(), target.recall);
+            let (client, url) = (client.clone(), url.clone());
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut failures = Stats::default();
                 for i in 0..per_session {
                     let due = tokio::time::Instant::now();
                     let session = recall.then(|| format!("bench-{sess}"));
-                    match one(&client, &url, session, request_body(false, i), false, due).await {
+                    let body = request_body(false, i, resend);
+                    match one(&client, &url, session, body, false, due).await {
                         Ok((l, _, _)) => lat.push(l),
                         Err(kind) => failures.failed(kind),
                     }
