@@ -464,13 +464,13 @@ proptest! {
                 prop_assert_eq!(&sent.messages, &plain.messages);
                 prop_assert!(from < plain.start);
                 // The gap is only ever left behind, never papered over.
-                remembered.summary = Some(Summary {
+                remembered.summary = Some(Box::new(Summary {
                     text: "s".into(),
                     until: plain.start as u64,
                     model: "m".into(),
                     at_ms: 0,
                     covered_tokens: 0,
-                });
+                }));
                 continue;
             }
             if let Err(e) = check(&sent.messages, r.roles, sent.messages == outbound(turn, &r, Limits::default()).messages) {
@@ -494,13 +494,13 @@ proptest! {
                 let end_at = f.until as usize;
                 prop_assert!(end_at == turn.len() || !turn[end_at].is_tool_result(),
                     "a fold ends inside a tool group at {}", end_at);
-                remembered.summary = Some(Summary {
+                remembered.summary = Some(Box::new(Summary {
                     text: "s".into(),
                     until: f.until,
                     model: "m".into(),
                     at_ms: 0,
                     covered_tokens: 0,
-                });
+                }));
             }
         }
     }

@@ -91,7 +91,7 @@ pub const MANUAL: &str = "manual";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Remembered {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub summary: Option<Summary>,
+    pub summary: Option<Box<Summary>>,
     /// The user's note this session started with (carry-over).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<String>,
@@ -231,7 +231,7 @@ fn fold_to(
         until: first_seq + end as u64,
         epoch: remembered.epoch,
         born: 0,
-        previous: remembered.summary.clone(),
+        previous: remembered.summary.as_deref().cloned(),
         messages: range.to_vec(),
     })
 }

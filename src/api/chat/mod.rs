@@ -261,7 +261,7 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
     let session_id = ran_in;
     let turn = session_id.as_ref().map(|_| TurnInfo {
         turn_id,
-        summary: remembered.summary.as_ref(),
+        summary: remembered.summary.as_deref(),
     });
     if turn.is_some() {
         tracing::Span::current().record("turn", turn_id);

@@ -169,7 +169,7 @@ async fn store(app: &App, id: &str, folded: Folded, wait: bool) -> Result<Applie
             // A turn stored it, or found it stale.
             let now = session.remembered().summary;
             return Ok(match now {
-                Some(s) if s.until == until && s.at_ms == at_ms => Applied::Stored(s),
+                Some(s) if s.until == until && s.at_ms == at_ms => Applied::Stored(*s),
                 _ => Applied::Stale,
             });
         }

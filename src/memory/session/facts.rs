@@ -14,7 +14,7 @@ pub(super) const MAX_EXTRACTED: usize = 200;
 
 #[derive(Debug, Clone, Default)]
 pub(super) struct LongTermState {
-    pub(super) recalled: Option<Recalled>,
+    pub(super) recalled: Option<Box<Recalled>>,
     /// Messages from this sequence number on are not extracted yet.
     pub(super) extracted_until: u64,
     /// Messages not extracted yet that left the history (`max_messages`,
@@ -25,7 +25,7 @@ pub(super) struct LongTermState {
     /// A search for this session runs in this process; the newest query
     /// asked meanwhile waits for it (older ones are dropped).
     pub(super) searching: bool,
-    pub(super) next_query: Option<Query>,
+    pub(super) next_query: Option<Box<Query>>,
     /// The facts the last turn sent (the console shows them).
     pub(super) sent: Option<Arc<[Fact]>>,
 }

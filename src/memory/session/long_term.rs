@@ -190,14 +190,14 @@ impl Session {
             return;
         }
         let newer = |r: &Recalled| r.user == user && r.for_seq.is_some_and(|s| s > for_seq);
-        if st.long_term.recalled.as_ref().is_some_and(newer) {
+        if st.long_term.recalled.as_deref().is_some_and(newer) {
             return;
         }
-        st.long_term.recalled = Some(Recalled {
+        st.long_term.recalled = Some(Box::new(Recalled {
             user: user.to_owned(),
             facts: facts.into(),
             for_seq: Some(for_seq),
-        });
+        }));
     }
 
     /// A session's first facts: its user's newest records, unless a
@@ -210,11 +210,11 @@ impl Session {
             .as_ref()
             .is_some_and(|r| r.user == user);
         if !held && !self.forgotten(&st, user) {
-            st.long_term.recalled = Some(Recalled {
+            st.long_term.recalled = Some(Box::new(Recalled {
                 user: user.to_owned(),
                 facts: facts.into(),
                 for_seq: None,
-            });
+            }));
         }
     }
 
@@ -223,7 +223,7 @@ impl Session {
     pub fn search_for(&self, query: Query) -> Option<Query> {
         let mut st = self.state();
         if st.long_term.searching {
-            st.long_term.next_query = Some(query);
+            st.long_term.next_query = Some(Box::new(query));
             return None;
         }
         st.long_term.searching = true;
@@ -236,7 +236,7 @@ impl Session {
         let mut st = self.state();
         let next = st.long_term.next_query.take();
         st.long_term.searching = next.is_some() && !st.ended;
-        next.filter(|_| !st.ended)
+        next.filter(|_| !st.ended).map(|query| *query)
     }
 
     /// The facts the next turn of `user` sends.

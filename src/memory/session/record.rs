@@ -74,7 +74,7 @@ impl Session {
                     .is_some_and(|a| std::ptr::eq(a, flight))
                 {
                     st.active = None;
-                    lease = st.lease.take();
+                    lease = st.lease.take().map(|claim| *claim);
                 }
                 let mut ticket = settle.opening.and(self.persist(st, policy, ops));
                 if let Some(claim) = lease {
@@ -108,7 +108,7 @@ impl Session {
             .as_deref()
             .is_some_and(|a| std::ptr::eq(a, flight))
         {
-            st.lease = Some(claim);
+            st.lease = Some(Box::new(claim));
         } else {
             let _ = policy.storage.release(claim);
         }

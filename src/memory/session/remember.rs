@@ -147,7 +147,7 @@ impl Session {
             return Err(Refused::Ended);
         }
         if lease_here && st.lease.is_none() {
-            st.pending = Some(folded);
+            st.pending = Some(Box::new(folded));
             return Ok((Applied::Pending, Ticket::ready()));
         }
         let applied = self.apply_fold(&mut st, policy, folded);
@@ -165,7 +165,7 @@ impl Session {
         let Some(folded) = st.pending.take() else {
             return Ok(None);
         };
-        let applied = self.apply_fold(&mut st, policy, folded);
+        let applied = self.apply_fold(&mut st, policy, *folded);
         Ok(Some((applied, self.persist(&mut st, policy, Vec::new()))))
     }
 
@@ -181,7 +181,7 @@ impl Session {
         let f = &folded.fold;
         let held_until = st.first_seq + st.messages.len() as u64;
         let holds = r.epoch == f.epoch
-            && r.summary == f.previous
+            && r.summary.as_deref() == f.previous.as_ref()
             && self.born(st) == f.born
             && f.until <= held_until;
         let applied = if !holds {
@@ -195,7 +195,7 @@ impl Session {
                 at_ms: folded.at_ms,
                 covered_tokens: before + folded.covered_tokens,
             };
-            st.remembered.summary = Some(summary.clone());
+            st.remembered.summary = Some(Box::new(summary.clone()));
             st.meta_changed();
             Applied::Stored(summary)
         };
@@ -228,7 +228,7 @@ impl Session {
                 at_ms: now_ms,
                 covered_tokens: 0,
             };
-            st.remembered.summary = Some(summary.clone());
+            st.remembered.summary = Some(Box::new(summary.clone()));
             summary
         })
     }

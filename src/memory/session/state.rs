@@ -16,7 +16,7 @@ use super::facts::LongTermState;
 pub(super) struct Unstored {
     folding: bool,
     fold_after_ms: i64,
-    pending: Option<Folded>,
+    pending: Option<Box<Folded>>,
     long_term: LongTermState,
 }
 
@@ -31,7 +31,7 @@ pub(super) struct State {
     pub(super) active: Option<Arc<InFlight>>,
     /// The session's lease with shared storage, held while `active` is
     /// and given up right after the reply's record.
-    pub(super) lease: Option<Claim>,
+    pub(super) lease: Option<Box<Claim>>,
     /// Per-session instructions, sent after the configured ones.
     pub(super) system_messages: Vec<Message>,
     /// Users seen speaking in this session (the user header).
@@ -45,7 +45,7 @@ pub(super) struct State {
     /// No fold starts before this (after one gave up).
     pub(super) fold_after_ms: i64,
     /// A fold's answer waiting for a turn's lease to be stored.
-    pub(super) pending: Option<Folded>,
+    pub(super) pending: Option<Box<Folded>>,
     /// The user's long-term facts this session sends, and its extraction.
     pub(super) long_term: LongTermState,
     /// Set when the session ends; a request still holding it starts anew.
@@ -263,3 +263,18 @@ impl State {
 /// A Touch is written at most this long after the last one, besides once
 /// per turn: the end of a long reply is activity too.
 pub(super) const TOUCH_AFTER_MS: i64 = 1000;
+
+#[cfg(test)]
+mod layout {
+    /// Every session in memory is an `Arc<Session>`: at 464 bytes (480
+    /// with the Arc's counts) it takes mimalloc's 512-byte class. The
+    /// fields few sessions use (a fold's pending answer, a lease, the
+    /// running summary, long-term recall) are boxed to keep it there: at
+    /// 848 bytes it took the 896-byte class, and 100,000 sessions went over
+    /// the memory budget in BENCHMARKS.md.
+    #[test]
+    fn a_session_fits_a_512_byte_allocation() {
+        let size = std::mem::size_of::<crate::memory::session::Session>();
+        assert!(size + 16 <= 512, "Session is {size} bytes");
+    }
+}

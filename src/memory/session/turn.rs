@@ -239,7 +239,7 @@ impl Session {
         };
         if let Some(folded) = st.pending.take() {
             // Under this turn's lease: written with its batch.
-            self.apply_fold(st, policy, folded);
+            self.apply_fold(st, policy, *folded);
         }
         if let Joins::Fork(history) = req.joins {
             // Pointers to the branch's messages: they are stored again

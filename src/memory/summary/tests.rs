@@ -34,7 +34,7 @@ fn summary(until: u64, text: &str) -> Summary {
 fn a_fold_takes_what_lies_between_the_summary_and_the_window() {
     let h = turns(6); // 12 messages, numbered 100..112
     let r = Remembered {
-        summary: Some(summary(102, "so far")),
+        summary: Some(Box::new(summary(102, "so far"))),
         ..Remembered::default()
     };
     // The plain window begins at index 8 (seq 108).
@@ -132,7 +132,7 @@ fn only_a_summary_is_kept() {
 #[test]
 fn a_reset_forgets_the_summary_and_moves_the_epoch() {
     let mut r = Remembered {
-        summary: Some(summary(10, "s")),
+        summary: Some(Box::new(summary(10, "s"))),
         carried: Some("note".into()),
         user: None,
         forgotten: false,
