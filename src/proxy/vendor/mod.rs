@@ -12,9 +12,6 @@ use std::borrow::Borrow;
 use serde_json::{Map, Value};
 
 use crate::config::{InterruptedRendering, Roles, UpstreamConfig};
-use serde::ser::SerializeMap;
-use serde::{Serialize, Serializer};
-
 use crate::memory::message::{Field, Message};
 use crate::memory::summary::Summary;
 
@@ -174,48 +171,43 @@ impl<H: Borrow<Message>> UpstreamBody<'_, H> {
                 out.push(b',');
             }
             if self.rules.custom {
-                json::value(out, &View(m, true))?;
-                continue;
+                write_whole(out, m)?;
+            } else {
+                write_openai(out, m)?;
             }
-            let mut fields = json::Object::open(out);
-            for (key, field) in m.openai_fields() {
-                let out = fields.key(key);
-                match field {
-                    Field::Text(s) => json::string(out, s),
-                    Field::Value(v) => json::json(out, v)?,
-                    Field::Values(vs) => json::value(out, vs)?,
-                }
-            }
-            fields.close();
         }
         out.push(b']');
         Ok(())
     }
 }
 
-/// A message as a vendor mode shows it: whole for "custom", else only
-/// OpenAI's fields.
-struct View<'a>(&'a Message, bool);
-
-impl Serialize for View<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let View(m, custom) = *self;
-        if custom {
-            // A Responses API mark is recall's bookkeeping (it repeats the
-            // response's instructions and tools), not the conversation's.
-            if crate::memory::chain::record(m).is_some() {
-                let mut m = m.clone();
-                if let Some(md) = &mut m.metadata {
-                    md.remove(crate::memory::chain::KEY);
-                }
-                return m.serialize(serializer);
-            }
-            return m.serialize(serializer);
+/// A message as vendor "custom" gets it: whole.
+fn write_whole(out: &mut Vec<u8>, m: &Message) -> serde_json::Result<()> {
+    // A Responses API mark is recall's bookkeeping (it repeats the
+    // response's instructions and tools), not the conversation's.
+    if crate::memory::chain::record(m).is_some() {
+        let mut m = m.clone();
+        if let Some(md) = &mut m.metadata {
+            md.remove(crate::memory::chain::KEY);
         }
-        let mut map = serializer.serialize_map(None)?;
-        m.serialize_openai_fields(&mut map)?;
-        map.end()
+        return json::value(out, &m);
     }
+    json::value(out, m)
+}
+
+/// A message as any other vendor gets it: OpenAI's fields only.
+fn write_openai(out: &mut Vec<u8>, m: &Message) -> serde_json::Result<()> {
+    let mut fields = json::Object::open(out);
+    for (key, field) in m.openai_fields() {
+        let out = fields.key(key);
+        match field {
+            Field::Text(s) => json::string(out, s),
+            Field::Value(v) => json::json(out, v)?,
+            Field::Values(vs) => json::value(out, vs)?,
+        }
+    }
+    fields.close();
+    Ok(())
 }
 
 #[cfg(test)]
