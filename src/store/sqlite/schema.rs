@@ -76,6 +76,23 @@ pub(super) const MIGRATIONS: &[&str] = &[
          version INTEGER NOT NULL,
          forgotten_at INTEGER NOT NULL
      ) WITHOUT ROWID;",
+    // 7: messages in a rowid table, found by a small index of their keys.
+    // WITHOUT ROWID kept each whole message in its key's b-tree, and a
+    // message is larger than what a 1 KiB page holds of a key (about 230
+    // bytes), so every comparison on the way to an insert read the
+    // message's overflow pages (the writer spent a third less CPU per
+    // turn without them, BENCHMARKS.md item 25).
+    "CREATE TABLE messages_by_rowid (
+         id INTEGER PRIMARY KEY,
+         session_id TEXT NOT NULL,
+         seq INTEGER NOT NULL,
+         body TEXT NOT NULL
+     );
+     INSERT INTO messages_by_rowid (session_id, seq, body)
+         SELECT session_id, seq, body FROM messages ORDER BY session_id, seq;
+     DROP TABLE messages;
+     ALTER TABLE messages_by_rowid RENAME TO messages;
+     CREATE UNIQUE INDEX messages_by_session ON messages (session_id, seq);",
 ];
 
 pub(super) fn connect(path: &str) -> Result<Connection, StorageError> {

@@ -213,3 +213,79 @@ async fn the_wal_starts_over_under_steady_writes() {
         "the WAL grew to {largest} bytes while {written} were written"
     );
 }
+
+/// Migration 7: a database of version 6 keeps its messages, long ones
+/// included, in order; they then live in a rowid table found through a
+/// small index of their keys, not in the key's own b-tree, where every
+/// comparison on the way to an insert read a long message's overflow
+/// pages. A message pushed again under its sequence number replaces it.
+#[tokio::test]
+async fn messages_move_out_of_their_keys_b_tree_and_keep_their_order() {
+    let db_file = TempDb::new("rowid");
+    let path = db_file.0.clone();
+    let long = "y".repeat(5000);
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "page_size", 1024).unwrap();
+        for (i, sql) in MIGRATIONS[..6].iter().enumerate() {
+            conn.execute_batch(&format!("{sql}; PRAGMA user_version = {};", i + 1))
+                .unwrap();
+        }
+        conn.execute(
+            "INSERT INTO sessions (id, created_ms, users, system_messages) VALUES ('old', 5, '[]', '[]')",
+            [],
+        )
+        .unwrap();
+        conn.execute("INSERT INTO session_state VALUES ('old', 70, 3, 1)", [])
+            .unwrap();
+        for (seq, text) in [(3, "third"), (1, long.as_str()), (2, "second")] {
+            let body = serde_json::to_string(&message("user", text)).unwrap();
+            conn.execute(
+                "INSERT INTO messages VALUES ('old', ?1, ?2)",
+                params![seq, body],
+            )
+            .unwrap();
+        }
+    }
+    let db = Sqlite::open(&config(&path), histogram()).await.unwrap();
+    let loaded = db.load("old").await.unwrap().expect("the session is kept");
+    let texts: Vec<_> = loaded
+        .messages
+        .iter()
+        .filter_map(|m| m.content_str())
+        .collect();
+    assert_eq!(texts, [long.as_str(), "second", "third"]);
+    db.submit(vec![Op::Push {
+        id: "old".into(),
+        seq: 2,
+        message: Arc::new(message("user", "second, again")),
+    }])
+    .durable()
+    .await
+    .unwrap();
+    let loaded = db.load("old").await.unwrap().unwrap();
+    let texts: Vec<_> = loaded
+        .messages
+        .iter()
+        .filter_map(|m| m.content_str())
+        .collect();
+    assert_eq!(texts, [long.as_str(), "second, again", "third"]);
+
+    let conn = Connection::open(&path).unwrap();
+    let sql: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(!sql.contains("WITHOUT ROWID"), "{sql}");
+    let plan: String = conn
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT body FROM messages WHERE session_id = 'old' ORDER BY seq",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap();
+    assert!(plan.contains("messages_by_session"), "{plan}");
+}
