@@ -13,12 +13,16 @@
 //! the benchmark builds it (`cargo build --profile bench --example
 //! naive_hop`) and runs it as a process of its own.
 //!
-//! usage: naive_hop --upstream URL [--listen ADDR] [--threads N]
+//! usage: naive_hop --upstream URL [--listen ADDR] [--threads N] [--client C]
 //!
 //!   --upstream URL  base URL up to and including `/v1` (NAIVE_HOP_UPSTREAM)
 //!   --listen ADDR   default 127.0.0.1:8081 (NAIVE_HOP_LISTEN)
 //!   --threads N     tokio worker threads; 0 = one per CPU, the default
 //!                   (NAIVE_HOP_THREADS)
+//!   --client C      `reqwest` (the default, as recall) or `hyper-util`:
+//!                   hyper-util's pooled client, which reqwest is built on,
+//!                   without reqwest's layers (plain HTTP only; an
+//!                   experiment, BENCHMARKS.md item 26)
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -26,7 +30,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{json, Value};
@@ -37,8 +41,19 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const SYSTEM: &str = "You are a helpful assistant.";
 
+/// hyper-util's pooled client, on plain HTTP.
+type Pooled = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<Bytes>,
+>;
+
+enum Client {
+    Reqwest(reqwest::Client),
+    HyperUtil(Box<Pooled>),
+}
+
 struct Hop {
-    client: reqwest::Client,
+    client: Client,
     /// The upstream's `.../chat/completions`.
     url: String,
 }
@@ -57,33 +72,77 @@ async fn chat(State(hop): State<Arc<Hop>>, headers: HeaderMap, body: Bytes) -> R
         Ok(b) => b,
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
-    let mut upstream = hop
-        .client
-        .post(&hop.url)
-        .header(CONTENT_TYPE, "application/json")
-        .body(body);
-    if let Some(auth) = headers.get(AUTHORIZATION) {
-        upstream = upstream.header(AUTHORIZATION, auth);
-    }
-    let answer = match upstream.send().await {
-        Ok(r) => r,
-        Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    let auth = headers.get(AUTHORIZATION);
+    let answer = match &hop.client {
+        Client::Reqwest(client) => reqwest_call(client, &hop.url, auth, body, stream).await,
+        Client::HyperUtil(client) => hyper_util_call(client, &hop.url, auth, body, stream).await,
     };
-    let mut reply = Response::builder().status(answer.status());
-    if let Some(kind) = answer.headers().get(CONTENT_TYPE) {
+    let (status, kind, body) = match answer {
+        Ok(a) => a,
+        Err(e) => return (StatusCode::BAD_GATEWAY, e).into_response(),
+    };
+    let mut reply = Response::builder().status(status);
+    if let Some(kind) = kind {
         reply = reply.header(CONTENT_TYPE, kind);
     }
-    let body = if stream {
-        Body::from_stream(answer.bytes_stream())
-    } else {
-        match answer.bytes().await {
-            Ok(b) => Body::from(b),
-            Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
-        }
-    };
     reply
         .body(body)
         .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response())
+}
+
+/// The answer's status, content type and body (streamed as it arrives, or
+/// read whole).
+type Answer = Result<(StatusCode, Option<HeaderValue>, Body), String>;
+
+async fn reqwest_call(
+    client: &reqwest::Client,
+    url: &str,
+    auth: Option<&HeaderValue>,
+    body: Vec<u8>,
+    stream: bool,
+) -> Answer {
+    let mut upstream = client
+        .post(url)
+        .header(CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(auth) = auth {
+        upstream = upstream.header(AUTHORIZATION, auth);
+    }
+    let answer = upstream.send().await.map_err(|e| e.to_string())?;
+    let (status, kind) = (answer.status(), answer.headers().get(CONTENT_TYPE).cloned());
+    let body = if stream {
+        Body::from_stream(answer.bytes_stream())
+    } else {
+        Body::from(answer.bytes().await.map_err(|e| e.to_string())?)
+    };
+    Ok((status, kind, body))
+}
+
+async fn hyper_util_call(
+    client: &Pooled,
+    url: &str,
+    auth: Option<&HeaderValue>,
+    body: Vec<u8>,
+    stream: bool,
+) -> Answer {
+    let mut upstream = axum::http::Request::post(url).header(CONTENT_TYPE, "application/json");
+    if let Some(auth) = auth {
+        upstream = upstream.header(AUTHORIZATION, auth);
+    }
+    let upstream = upstream
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let answer = client.request(upstream).await.map_err(|e| e.to_string())?;
+    let (status, kind) = (answer.status(), answer.headers().get(CONTENT_TYPE).cloned());
+    let body = if stream {
+        Body::new(answer.into_body())
+    } else {
+        let whole = http_body_util::BodyExt::collect(answer.into_body())
+            .await
+            .map_err(|e| e.to_string())?;
+        Body::from(whole.to_bytes())
+    };
+    Ok((status, kind, body))
 }
 
 /// `--name VALUE`, else the environment variable `var`.
@@ -115,11 +174,21 @@ fn main() -> ExitCode {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    let client = match reqwest::Client::builder().build() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("naive_hop: {e}");
-            return ExitCode::from(1);
+    let client = match setting(&args, "--client", "NAIVE_HOP_CLIENT").as_deref() {
+        None | Some("reqwest") => match reqwest::Client::builder().build() {
+            Ok(c) => Client::Reqwest(c),
+            Err(e) => {
+                eprintln!("naive_hop: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Some("hyper-util") => Client::HyperUtil(Box::new(
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http(),
+        )),
+        Some(other) => {
+            eprintln!("naive_hop: --client is reqwest or hyper-util, not {other}");
+            return ExitCode::from(2);
         }
     };
     let hop = Arc::new(Hop {
