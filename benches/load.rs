@@ -20,7 +20,8 @@
 //! `--repeat N` (rounds of the headline scenarios, median reported; 3 by
 //! default), `--rate N` (requests a second of the open-loop scenarios;
 //! 2,000 by default), `--pin` (generator and mock on CPU 0, the path under
-//! test on CPU 1).
+//! test on CPU 1). `--only million` runs the one scenario a full run leaves
+//! out: a million sessions held (minutes of seeding, gigabytes of RSS).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
@@ -337,6 +338,65 @@ async fn launch(mock: SocketAddr, backend: &str, workers: usize, sections: &str)
         cpu_pid: Some(child.id()),
         child: Some(child),
     }
+}
+
+/// Issue 21's scale goal: the cost of a turn with 1,000,000 sessions held
+/// against 1,000, in one process (memory backend), alternating rounds;
+/// and the RSS per session. Each session holds 2 messages of 200
+/// characters, so that a million fit this machine.
+async fn million_sessions(mock: SocketAddr, rate: f64, secs: f64, repeat: usize) {
+    const MILLION: usize = 1_000_000;
+    let target = start_recall(mock, "memory", 20_000).await;
+    let (before, _) = rss_kib(&target.child).unwrap_or((0, 0));
+    let seeding = Instant::now();
+    seed(&target, MILLION, 2).await;
+    let seeded_in = seeding.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rss, hwm) = rss_kib(&target.child).unwrap_or((0, 0));
+    let text_bytes = (MILLION * 2 * 200) as f64;
+    println!();
+    println!("| a million sessions (memory) | figure |");
+    println!("|---|---|");
+    println!("| seeded 1,000,000 sessions × 2 messages in | {seeded_in:.0} s |");
+    println!("| RSS before seeding | {before} KiB |");
+    println!("| RSS with them | {rss} KiB (peak {hwm}) |");
+    println!(
+        "| RSS per session beyond its text | {:.0} bytes |",
+        ((rss.saturating_sub(before)) as f64 * 1024.0 - text_bytes) / MILLION as f64
+    );
+    let scenario = |sessions: usize| Scenario {
+        responses: false,
+        name: format!("non-stream · {sessions} sessions held · 2 stored"),
+        stream: false,
+        sessions,
+        history: 2,
+        rate,
+        secs,
+    };
+    let (few, many) = (scenario(1_000), scenario(MILLION));
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..repeat {
+        for (s, runs) in [(&few, &mut a), (&many, &mut b)] {
+            warm_up(&target, s).await;
+            let mut st = open_loop(&target, s).await;
+            runs.push(figures(&target.name, &s.name, &mut st));
+        }
+    }
+    let (a, b) = (median(&a), median(&b));
+    println!();
+    println!("| sessions taken in turn | req/s | errors | p50 ms | p99 ms |");
+    println!("|---|---|---|---|---|");
+    for (s, f) in [(&few, &a), (&many, &b)] {
+        println!(
+            "| {} | {:.0} | {} | {:.3} | {:.3} |",
+            s.sessions, f.rate, f.errors, f.p50, f.p99
+        );
+    }
+    println!(
+        "| 1,000,000 ÷ 1,000 | | | {:.2} | {:.2} |",
+        b.p50 / a.p50,
+        b.p99 / a.p99
+    );
 }
 
 /// The naive hop's executable. It is an example of this package
@@ -1312,6 +1372,15 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
             "| added per session beyond the text | {:.0} bytes |",
             ((rss.saturating_sub(before)) as f64 * 1024.0 - (text_kib as f64 * 1024.0)) / 100_000.0
         );
+    }
+
+    // 5b. A million sessions (memory), only when asked for by name
+    // (`--only million`): seeding them takes minutes and gigabytes.
+    if only
+        .as_deref()
+        .is_some_and(|o| "a million sessions".contains(o))
+    {
+        million_sessions(mock, rate, secs, repeat).await;
     }
 
     // 6. Long sessions: memory beyond the window.
