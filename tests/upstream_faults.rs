@@ -447,3 +447,26 @@ async fn an_endless_event_is_cut_off_and_recorded_as_broken() {
     let error = m[1]["metadata"]["error"].as_str().unwrap_or_default();
     assert!(error.contains("larger than 8 MiB"), "{error}");
 }
+
+#[tokio::test]
+async fn an_upstream_certificate_nobody_trusts_is_502_naming_it() {
+    let addr = common::tls::self_signed_server().await;
+    let h = Harness::with_config(
+        &format!("[[upstreams]]\nname = \"forged\"\nbase_url = \"https://{addr}/v1\"\n"),
+        MockUpstream::start().await,
+    )
+    .await;
+    let (status, body) = h
+        .chat(
+            Some("forged"),
+            json!({"model": "m", "messages": [user("hello?")]}),
+        )
+        .await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_unreachable");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("invalid peer certificate: UnknownIssuer"),
+        "{message}"
+    );
+}

@@ -55,10 +55,13 @@ async fn forward(app: &App, path: &str, headers: &HeaderMap) -> Result<Response,
     let resp = upstream.send(Method::GET, path, headers, None).await?;
     let status = resp.status();
     let relayed = relayed_response_headers(resp.headers());
-    let bytes = resp.bytes().await.map_err(|e| UpstreamError::Unreachable {
-        upstream: upstream.name.clone(),
-        reason: e.to_string(),
-    })?;
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .map(http_body_util::Collected::to_bytes)
+        .map_err(|e| UpstreamError::Unreachable {
+            upstream: upstream.name.clone(),
+            reason: e.to_string(),
+        })?;
     let mut response = Response::new(Body::from(bytes));
     *response.status_mut() = status;
     *response.headers_mut() = relayed;

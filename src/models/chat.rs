@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use crate::error::UpstreamError;
 use crate::memory::long_term::Malformed;
 use crate::memory::summary::Rejected;
+use crate::proxy::client;
 use crate::proxy::upstream::Upstream;
 
 /// Longest answer body read from a model.
@@ -100,7 +101,7 @@ pub(super) async fn call(
     Ok(bytes)
 }
 
-async fn read(upstream: &Upstream, resp: reqwest::Response) -> Result<Vec<u8>, ModelError> {
+async fn read(upstream: &Upstream, resp: client::Response) -> Result<Vec<u8>, ModelError> {
     let mut body = upstream.body(resp);
     let mut all = Vec::new();
     while let Some(piece) = body.next().await {

@@ -1,6 +1,6 @@
 //! An upstream body with a limit on silence (`read_timeout_secs`).
 //!
-//! reqwest's own read timeout does the same, but creates, registers and
+//! A per-read timeout (reqwest's read timeout, say) does the same, but creates, registers and
 //! drops a timer for every frame: at 2,000 streams a second of 50 chunks,
 //! 100,000 timer-wheel insertions and removals a second. This keeps one
 //! timer per body, armed only while a read waits, and moves it only when it
@@ -24,7 +24,7 @@ pub enum BodyError {
     #[error("the upstream sent nothing for {} s (read_timeout_secs)", .0.as_secs())]
     Idle(Duration),
     #[error(transparent)]
-    Broke(reqwest::Error),
+    Broke(hyper::Error),
     /// A whole answer past recall's cap (`relay::read_whole`).
     #[error("an answer larger than {} MiB", .0 >> 20)]
     TooLarge(usize),
@@ -54,7 +54,7 @@ impl<S> IdleLimit<S> {
 
 impl<S> Stream for IdleLimit<S>
 where
-    S: Stream<Item = reqwest::Result<Bytes>> + Unpin,
+    S: Stream<Item = Result<Bytes, hyper::Error>> + Unpin,
 {
     type Item = Result<Bytes, BodyError>;
 
@@ -94,7 +94,7 @@ mod tests {
 
     fn chunks(
         gaps_ms: &'static [u64],
-    ) -> Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>> {
+    ) -> Pin<Box<dyn Stream<Item = Result<Bytes, hyper::Error>> + Send>> {
         Box::pin(futures_util::stream::iter(gaps_ms).then(|ms| async move {
             tokio::time::sleep(Duration::from_millis(*ms)).await;
             Ok(Bytes::from_static(b"x"))

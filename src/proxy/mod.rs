@@ -4,6 +4,7 @@
 
 pub mod accumulate;
 pub mod cache;
+pub mod client;
 pub mod cut;
 pub mod gate;
 pub mod idle;

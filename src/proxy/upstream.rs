@@ -4,13 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use axum::http::header::{ACCEPT, CONTENT_TYPE, PROXY_AUTHORIZATION, USER_AGENT};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 use bytes::Bytes;
-use futures_util::Stream;
+use http_body_util::Full;
 use wildmatch::WildMatch;
 
 use crate::config::UpstreamConfig;
 use crate::error::UpstreamError;
+use crate::proxy::client::{self, BodyStream, Client, Response, Settings};
 use crate::proxy::gate::{Gate, Slot};
 use crate::proxy::idle::IdleLimit;
 use crate::proxy::mock::{MockKind, MockServer, Pace};
@@ -28,17 +30,23 @@ pub struct Upstream {
     base_url: String,
     /// `{base_url}/chat/completions`, parsed once: parsing it per request
     /// (IDNA and all) was 1.6% of the proxy's CPU at full load.
-    chat_url: reqwest::Url,
+    chat_url: Uri,
     /// `Bearer {key}`, marked sensitive so that it is never logged.
     authorization: Option<HeaderValue>,
+    /// Basic credentials written into `base_url` (`https://user:pass@...`),
+    /// sent when no key is: as reqwest took them from the URL.
+    url_authorization: Option<HeaderValue>,
     patterns: Vec<WildMatch>,
+    /// The configured headers, with recall's user agent and reqwest's
+    /// `accept: */*` where they set none, and a forwarding proxy's
+    /// credentials: every request's, built once.
     headers: HeaderMap,
     timeout: Duration,
     /// The longest silence allowed while reading an answer's body.
     read_timeout: Duration,
     /// One client (and so one connection pool) per serving thread, so
     /// that a request's upstream connection lives on its own thread.
-    clients: Box<[reqwest::Client]>,
+    clients: Box<[Client]>,
     /// The built-in server this upstream calls, for a `mock://` base URL;
     /// it lives as long as the upstream.
     mock: Option<MockServer>,
@@ -76,21 +84,14 @@ impl Upstream {
                     .map_err(|e| fail(format!("cannot start the mock upstream: {e}")))?,
             ),
         };
+        // The mock is on loopback: an HTTP(S)_PROXY set for the real
+        // upstreams must not carry it off the machine.
+        let proxies = mock.is_none().then(Settings::env_proxies);
+        let settings = Settings::new(proxies, Duration::from_secs(c.connect_timeout_secs))
+            .map_err(|e| fail(e.to_string()))?;
         let clients = (0..threads.max(1))
-            .map(|_| {
-                let mut client = reqwest::Client::builder();
-                if mock.is_some() {
-                    // The mock is on loopback: an HTTP(S)_PROXY set for the
-                    // real upstreams must not carry it off the machine.
-                    client = client.no_proxy();
-                }
-                client
-                    .connect_timeout(Duration::from_secs(c.connect_timeout_secs))
-                    .user_agent(concat!("recall/", env!("CARGO_PKG_VERSION")))
-                    .build()
-                    .map_err(|e| fail(e.to_string()))
-            })
-            .collect::<Result<_, _>>()?;
+            .map(|_| Client::new(&settings))
+            .collect();
         let mut headers = HeaderMap::new();
         for (k, v) in &c.headers {
             let name = HeaderName::try_from(k.as_str()).map_err(|e| fail(e.to_string()))?;
@@ -113,8 +114,18 @@ impl Upstream {
             Some(server) => server.base_url(),
             None => c.base_url.trim_end_matches('/').to_owned(),
         };
-        let chat_url = reqwest::Url::parse(&format!("{base_url}/chat/completions"))
+        let (chat_url, url_authorization) = request_uri(&format!("{base_url}/chat/completions"))
             .map_err(|e| fail(format!("base_url: {e}")))?;
+        // What reqwest added to every request unless it was set.
+        headers
+            .entry(USER_AGENT)
+            .or_insert(HeaderValue::from_static(client::USER_AGENT_VALUE));
+        headers
+            .entry(ACCEPT)
+            .or_insert(HeaderValue::from_static("*/*"));
+        if let Some(auth) = settings.forward_authorization(&chat_url) {
+            headers.entry(PROXY_AUTHORIZATION).or_insert(auth);
+        }
         Ok(Self {
             name: c.name.clone(),
             rules: VendorRules::from_config(c),
@@ -122,6 +133,7 @@ impl Upstream {
             base_url,
             chat_url,
             authorization,
+            url_authorization,
             patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
             headers,
             timeout: Duration::from_secs(c.timeout_secs),
@@ -170,14 +182,14 @@ impl Upstream {
         path: &str,
         client_headers: &HeaderMap,
         body: Option<Bytes>,
-    ) -> Result<reqwest::Response, UpstreamError> {
-        let url = reqwest::Url::parse(&format!("{}{}", self.base_url, path)).map_err(|e| {
+    ) -> Result<Response, UpstreamError> {
+        let (uri, _) = request_uri(&format!("{}{}", self.base_url, path)).map_err(|e| {
             UpstreamError::Unreachable {
                 upstream: self.name.clone(),
                 reason: format!("bad URL: {e}"),
             }
         })?;
-        self.send_to(method, url, client_headers, body).await
+        self.send_to(method, &uri, client_headers, body).await
     }
 
     /// Sends a chat completion request and waits for the response headers.
@@ -185,33 +197,38 @@ impl Upstream {
         &self,
         client_headers: &HeaderMap,
         body: Bytes,
-    ) -> Result<reqwest::Response, UpstreamError> {
-        let url = self.chat_url.clone();
-        self.send_to(Method::POST, url, client_headers, Some(body))
+    ) -> Result<Response, UpstreamError> {
+        self.send_to(Method::POST, &self.chat_url, client_headers, Some(body))
             .await
     }
 
     async fn send_to(
         &self,
         method: Method,
-        url: reqwest::Url,
+        uri: &Uri,
         client_headers: &HeaderMap,
         body: Option<Bytes>,
-    ) -> Result<reqwest::Response, UpstreamError> {
+    ) -> Result<Response, UpstreamError> {
         // `clients` is never empty: `start` builds at least one.
         let client = &self.clients[crate::server::threads::index() % self.clients.len()];
-        let mut req = client
-            .request(method, url)
-            .headers(self.request_headers(client_headers));
-        if let Some(body) = body {
-            req = req.header("content-type", "application/json").body(body);
-        }
-        match tokio::time::timeout(self.timeout, req.send()).await {
+        let mut headers = self.request_headers(client_headers);
+        let body = match body {
+            Some(body) => {
+                headers.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                Full::new(body)
+            }
+            None => Full::default(),
+        };
+        let mut req = Request::new(body);
+        *req.method_mut() = method;
+        *req.headers_mut() = headers;
+        *req.uri_mut() = uri.clone();
+        match tokio::time::timeout(self.timeout, client.request(req)).await {
             Err(_) => Err(self.timeout_error()),
             Ok(Err(e)) if e.is_timeout() => Err(self.timeout_error()),
             Ok(Err(e)) => Err(UpstreamError::Unreachable {
                 upstream: self.name.clone(),
-                reason: error_chain(&e),
+                reason: format!("error sending request for url ({uri}): {}", error_chain(&e)),
             }),
             Ok(Ok(resp)) => Ok(resp),
         }
@@ -219,11 +236,8 @@ impl Upstream {
 
     /// The answer's body, ending in an error once the upstream has been
     /// silent for `read_timeout_secs`.
-    pub fn body(
-        &self,
-        resp: reqwest::Response,
-    ) -> IdleLimit<impl Stream<Item = reqwest::Result<Bytes>> + Unpin> {
-        IdleLimit::new(resp.bytes_stream(), self.read_timeout)
+    pub fn body(&self, resp: Response) -> IdleLimit<BodyStream> {
+        IdleLimit::new(client::body(resp), self.read_timeout)
     }
 
     pub fn timeout_error(&self) -> UpstreamError {
@@ -242,6 +256,9 @@ impl Upstream {
             None => {
                 if let Some(v) = client.get("authorization") {
                     out.insert("authorization", v.clone());
+                } else if let Some(v) = &self.url_authorization {
+                    // Under a configured `authorization` header, as reqwest.
+                    out.entry("authorization").or_insert_with(|| v.clone());
                 }
             }
         }
@@ -276,8 +293,9 @@ pub fn relayed_response_headers(upstream: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// reqwest's top-level message hides the cause ("error sending request");
-/// the chain says what actually happened (connection refused, DNS, TLS).
+/// The client's top-level message hides the cause ("client error
+/// (Connect)"); the chain says what actually happened (connection refused,
+/// DNS, TLS).
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
@@ -287,6 +305,37 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// A request's URI from a URL, and the Basic credentials the URL held.
+/// Parsed as a URL first, as reqwest did: the host lower-cased and
+/// IDNA-encoded, characters a URI refuses percent-encoded, dot segments
+/// resolved.
+fn request_uri(text: &str) -> Result<(Uri, Option<HeaderValue>), String> {
+    let mut url = url::Url::parse(text).map_err(|e| e.to_string())?;
+    let mut authorization = None;
+    if !url.username().is_empty() || url.password().is_some() {
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let user = decode(url.username());
+        let password = url.password().map(decode).unwrap_or_default();
+        let encoded = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            format!("{user}:{password}"),
+        );
+        let mut v = HeaderValue::try_from(format!("Basic {encoded}")).map_err(|e| e.to_string())?;
+        v.set_sensitive(true);
+        authorization = Some(v);
+        // Both always succeed on an http(s) URL; the URI refuses user info.
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+    }
+    url.set_fragment(None);
+    let uri = Uri::try_from(url.as_str()).map_err(|e| e.to_string())?;
+    Ok((uri, authorization))
 }
 
 /// All configured upstreams, in config order.

@@ -2,6 +2,8 @@
 //! receives, and a real recall server on an ephemeral port in front of it.
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

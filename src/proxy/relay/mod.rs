@@ -31,6 +31,7 @@ use crate::error::{ApiError, RequestError, UpstreamError};
 use crate::memory::session::Reply;
 use crate::metrics::Metrics;
 use crate::proxy::accumulate;
+use crate::proxy::client;
 use crate::proxy::cut::CutWait;
 use crate::proxy::gate::Slot;
 use crate::proxy::idle::BodyError;
@@ -68,7 +69,7 @@ struct Timing {
 
 impl Exchange {
     /// The chat completion call to the current upstream, until its head.
-    async fn call(&self) -> Result<reqwest::Response, UpstreamError> {
+    async fn call(&self) -> Result<client::Response, UpstreamError> {
         self.upstream
             .send_chat(&self.client_headers, self.body.clone())
             .await
@@ -239,7 +240,7 @@ async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
 async fn whole(
     ex: &Exchange,
     watch: &mut CutWatch,
-    resp: reqwest::Response,
+    resp: client::Response,
     status: StatusCode,
     headers: HeaderMap,
     respond: oneshot::Sender<Head>,
@@ -385,7 +386,7 @@ impl CutWatch {
 
     /// The chat call to the exchange's current upstream, once it has a
     /// slot for it. `None` when abandoned.
-    async fn call(&mut self, ex: &Exchange) -> Option<Result<reqwest::Response, UpstreamError>> {
+    async fn call(&mut self, ex: &Exchange) -> Option<Result<client::Response, UpstreamError>> {
         // The slot of the upstream tried before (a fallback's first try).
         self.slot = None;
         // A reply cut before its call is made (a barge-in while it waited

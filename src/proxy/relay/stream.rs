@@ -25,6 +25,7 @@ use super::{response, CutWatch, Exchange, Head, Timing};
 use crate::memory::session::Reply;
 use crate::metrics::Metrics;
 use crate::proxy::accumulate::Event;
+use crate::proxy::client;
 use crate::proxy::cut::CutWait;
 use crate::proxy::idle::BodyError;
 use crate::proxy::upstream::Upstream;
@@ -40,7 +41,7 @@ const MAX_EVENT_BYTES: usize = 8 << 20;
 pub(super) async fn relay(
     ex: &Exchange,
     watch: &mut CutWatch,
-    resp: reqwest::Response,
+    resp: client::Response,
     status: StatusCode,
     headers: HeaderMap,
     respond: oneshot::Sender<Head>,
