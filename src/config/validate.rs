@@ -299,6 +299,6 @@ fn validate_mock_pace(u: &UpstreamConfig) -> Result<(), (&'static str, String)> 
 }
 
 fn is_http_url(text: &str) -> bool {
-    reqwest::Url::parse(text)
+    url::Url::parse(text)
         .is_ok_and(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
 }

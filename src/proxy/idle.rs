@@ -1,10 +1,10 @@
 //! An upstream body with a limit on silence (`read_timeout_secs`).
 //!
-//! A per-read timeout (reqwest's read timeout, say) does the same, but creates, registers and
-//! drops a timer for every frame: at 2,000 streams a second of 50 chunks,
-//! 100,000 timer-wheel insertions and removals a second. This keeps one
-//! timer per body, armed only while a read waits, and moves it only when it
-//! fires early.
+//! A timeout per read (as reqwest's read timeout was) does the same, but
+//! creates, registers and drops a timer for every frame: at 2,000 streams
+//! a second of 50 chunks, 100,000 timer-wheel insertions and removals a
+//! second. This keeps one timer per body, armed only while a read waits,
+//! and moves it only when it fires early.
 //!
 //! Silence is counted from when a read starts waiting, not from the last
 //! frame: a streamed body is read only as fast as its client takes it, and a

@@ -50,7 +50,7 @@ impl MockKind {
     /// `None` when `base_url` is not a `mock://` URL, so it is an ordinary
     /// upstream; an error when it is one but names no built-in mock.
     pub fn from_base_url(base_url: &str) -> Option<Result<Self, UnknownMock>> {
-        let url = reqwest::Url::parse(base_url).ok()?;
+        let url = url::Url::parse(base_url).ok()?;
         if url.scheme() != "mock" {
             return None;
         }
