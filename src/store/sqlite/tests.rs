@@ -49,16 +49,36 @@ fn message(role: &str, content: &str) -> Message {
     serde_json::from_value(serde_json::json!({"role": role, "content": content})).unwrap()
 }
 
+/// A database as an older recall left it: the first `version` migrations,
+/// on 1 KiB pages as recall creates them.
+fn database_at_version(path: &str, version: usize) -> Connection {
+    let conn = Connection::open(path).unwrap();
+    conn.pragma_update(None, "page_size", super::schema::PAGE_SIZE)
+        .unwrap();
+    for (i, sql) in MIGRATIONS[..version].iter().enumerate() {
+        conn.execute_batch(&format!("{sql}; PRAGMA user_version = {};", i + 1))
+            .unwrap();
+    }
+    conn
+}
+
+/// A user message of session `old`, in the messages table of versions 1
+/// to 6 (session, sequence number, body).
+fn store_old_message(conn: &Connection, seq: i64, text: &str) {
+    let body = serde_json::to_string(&message("user", text)).unwrap();
+    conn.execute(
+        "INSERT INTO messages VALUES ('old', ?1, ?2)",
+        params![seq, body],
+    )
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_version_2_database_is_migrated_with_its_sessions() {
     let db_file = TempDb::new("migrate");
     let path = db_file.0.clone();
     {
-        let conn = Connection::open(&path).unwrap();
-        for (i, sql) in MIGRATIONS[..2].iter().enumerate() {
-            conn.execute_batch(&format!("{sql}; PRAGMA user_version = {};", i + 1))
-                .unwrap();
-        }
+        let conn = database_at_version(&path, 2);
         conn.execute(
             "INSERT INTO sessions VALUES ('old', 5, 70, 3, 2, '[\"ann\"]',
              '[{\"role\":\"system\",\"content\":\"be brief\"}]')",
@@ -66,12 +86,7 @@ async fn a_version_2_database_is_migrated_with_its_sessions() {
         )
         .unwrap();
         for (seq, text) in [(2, "hi"), (3, "hello")] {
-            let body = serde_json::to_string(&message("user", text)).unwrap();
-            conn.execute(
-                "INSERT INTO messages VALUES ('old', ?1, ?2)",
-                params![seq, body],
-            )
-            .unwrap();
+            store_old_message(&conn, seq, text);
         }
     }
     let db = Sqlite::open(&config(&path), histogram()).await.unwrap();
@@ -225,12 +240,7 @@ async fn messages_move_out_of_their_keys_b_tree_and_keep_their_order() {
     let path = db_file.0.clone();
     let long = "y".repeat(5000);
     {
-        let conn = Connection::open(&path).unwrap();
-        conn.pragma_update(None, "page_size", 1024).unwrap();
-        for (i, sql) in MIGRATIONS[..6].iter().enumerate() {
-            conn.execute_batch(&format!("{sql}; PRAGMA user_version = {};", i + 1))
-                .unwrap();
-        }
+        let conn = database_at_version(&path, 6);
         conn.execute(
             "INSERT INTO sessions (id, created_ms, users, system_messages) VALUES ('old', 5, '[]', '[]')",
             [],
@@ -239,12 +249,7 @@ async fn messages_move_out_of_their_keys_b_tree_and_keep_their_order() {
         conn.execute("INSERT INTO session_state VALUES ('old', 70, 3, 1)", [])
             .unwrap();
         for (seq, text) in [(3, "third"), (1, long.as_str()), (2, "second")] {
-            let body = serde_json::to_string(&message("user", text)).unwrap();
-            conn.execute(
-                "INSERT INTO messages VALUES ('old', ?1, ?2)",
-                params![seq, body],
-            )
-            .unwrap();
+            store_old_message(&conn, seq, text);
         }
     }
     let db = Sqlite::open(&config(&path), histogram()).await.unwrap();
