@@ -22,7 +22,7 @@ use axum::http::request::Parts;
 use axum::http::{Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put, MethodRouter};
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -41,13 +41,20 @@ pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
         Some(_) => crate::console::routes(app),
         None => Router::new(),
     };
-    Router::new()
+    let mut router = Router::new()
         .merge(console)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
-        .route("/metrics", get(metrics))
-        .nest("/v1", v1(app))
-        .nest("/sessions/{session_id}/v1", v1(app))
+        .route("/metrics", get(metrics));
+    // Each `/v1` route is registered under both prefixes rather than
+    // nested: a nested route rebuilds the request's URI and inserts its
+    // prefix into the extensions on every request (BENCHMARKS.md, item 29).
+    for (path, route) in v1(app) {
+        router = router
+            .route(&format!("/v1{path}"), route.clone())
+            .route(&format!("/sessions/{{session_id}}/v1{path}"), route);
+    }
+    router
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
@@ -56,77 +63,80 @@ pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
         ))
 }
 
-fn v1(app: &Arc<App>) -> Router<Arc<App>> {
-    let session_api = Router::new()
-        .route("/sessions", get(sessions::list))
-        .route("/sessions/{id}", get(sessions::get).delete(sessions::end))
-        .route("/sessions/{id}/end", post(sessions::end))
-        .route(
+/// The routes under `/v1`, by their path below it.
+fn v1(app: &Arc<App>) -> Vec<(&'static str, MethodRouter<Arc<App>>)> {
+    let guarded = |route: MethodRouter<Arc<App>>| {
+        route.route_layer(middleware::from_fn_with_state(
+            Arc::clone(app),
+            session_api_access,
+        ))
+    };
+    let session_api = [
+        ("/sessions", get(sessions::list)),
+        ("/sessions/{id}", get(sessions::get).delete(sessions::end)),
+        ("/sessions/{id}/end", post(sessions::end)),
+        (
             "/sessions/{id}/history",
             get(sessions::history)
                 .put(sessions::replace_history)
                 .delete(sessions::clear_history),
-        )
-        .route("/sessions/{id}/messages", post(sessions::append))
-        .route(
+        ),
+        ("/sessions/{id}/messages", post(sessions::append)),
+        (
             "/sessions/{id}/system_messages",
             get(sessions::system_messages).put(sessions::set_system_messages),
-        )
-        .route("/sessions/{id}/interrupt", post(sessions::interrupt))
-        .route(
-            "/sessions/{id}/summary",
-            axum::routing::put(memory::put_summary),
-        )
-        .route("/sessions/{id}/summarize", post(memory::summarize))
-        .route("/sessions/{id}/memory/extract", post(memory::extract))
-        .route(
+        ),
+        ("/sessions/{id}/interrupt", post(sessions::interrupt)),
+        ("/sessions/{id}/summary", put(memory::put_summary)),
+        ("/sessions/{id}/summarize", post(memory::summarize)),
+        ("/sessions/{id}/memory/extract", post(memory::extract)),
+        (
             "/users/{user}/memory/records",
             get(memory::list_records).post(memory::add_record),
-        )
-        .route(
+        ),
+        (
             "/users/{user}/memory/records/search",
             post(memory::search_records),
-        )
-        .route(
+        ),
+        (
             "/users/{user}/memory/records/{id}",
             get(memory::get_record).delete(memory::delete_record),
-        )
-        .route(
+        ),
+        (
             "/users/{user}/memory",
             get(memory::get_user_memory)
                 .put(memory::put_user_memory)
                 .delete(memory::delete_user_memory),
-        )
-        .route(
+        ),
+        (
             "/responses/{id}",
             get(responses::get).delete(responses::delete),
-        )
-        .route("/responses/{id}/input_items", get(responses::input_items))
-        .route("/conversations", post(conversations::create))
-        .route(
+        ),
+        ("/responses/{id}/input_items", get(responses::input_items)),
+        ("/conversations", post(conversations::create)),
+        (
             "/conversations/{id}",
             get(conversations::get)
                 .post(conversations::update)
                 .delete(conversations::delete),
-        )
-        .route(
+        ),
+        (
             "/conversations/{id}/items",
             get(conversations::list_items).post(conversations::add_items),
-        )
-        .route(
+        ),
+        (
             "/conversations/{id}/items/{item_id}",
             get(conversations::get_item).delete(conversations::delete_item),
-        )
-        .route_layer(middleware::from_fn_with_state(
-            Arc::clone(app),
-            session_api_access,
-        ));
-    Router::new()
-        .route("/chat/completions", post(chat::completions))
-        .route("/responses", post(responses::create))
-        .route("/models", get(models::list))
-        .route("/models/{*model}", get(models::retrieve))
-        .merge(session_api)
+        ),
+    ];
+    let mut routes = vec![
+        ("/chat/completions", post(chat::completions)),
+        ("/responses", post(responses::create)),
+        ("/models", get(models::list)),
+        ("/models/{*model}", get(models::retrieve)),
+    ];
+    routes.extend(session_api.map(|(path, route)| (path, guarded(route))));
+    routes
 }
 
 /// Who may use the session API, and on which sessions: the admin token

@@ -41,9 +41,11 @@ pub async fn completions(
     State(app): State<Arc<App>>,
     PathParams(path): PathParams,
     served: Option<Extension<ServedBy>>,
-    headers: HeaderMap,
-    body: Body,
+    // Whole rather than `HeaderMap` and `Body`: that extractor clones the
+    // headers, where taking the request apart moves them.
+    request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
+    let (axum::http::request::Parts { headers, .. }, body) = request.into_parts();
     let (arrival, bytes) = Arrival::read(&app, headers, body).await?;
     let (access, headers) = (&arrival.access, &arrival.headers);
     let ChatRequest { body, messages } =

@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -32,9 +31,11 @@ pub async fn create(
     State(app): State<Arc<App>>,
     PathParams(path): PathParams,
     served: Option<Extension<ServedBy>>,
-    headers: HeaderMap,
-    body: Body,
+    // Whole rather than `HeaderMap` and `Body`: that extractor clones the
+    // headers, where taking the request apart moves them.
+    request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
+    let (axum::http::request::Parts { headers, .. }, body) = request.into_parts();
     let (arrival, bytes) = chat::Arrival::read(&app, headers, body).await?;
     let body = chat::parse_body(&bytes)?;
     let fields: Map<String, Value> = ECHOED
