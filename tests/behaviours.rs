@@ -176,6 +176,7 @@ impl World {
             rules: &rules,
             fallback_rules: None,
             joins: Joins::Reconcile,
+            place: None,
         };
         match self.session.begin(&self.policy, &turn) {
             Ok((_, flight)) => flight,

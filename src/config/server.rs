@@ -7,8 +7,10 @@ use serde::{Deserialize, Serialize};
 pub struct ServerConfig {
     pub listen: String,
     pub max_body_bytes: usize,
-    /// Upstream calls in flight at once (0 = no limit); past it, chat
-    /// requests are answered 503 at once, before anything is stored.
+    /// Upstream calls in flight at once, drains included (0 = no limit).
+    /// Past it, a request takes the slot of a drain (asked to yield), or a
+    /// barge-in the slot of the reply it cuts; a request no slot can come
+    /// to is answered 503 at once, before anything is stored.
     pub max_concurrent_upstream: usize,
     /// Largest total size of a request's header names and values.
     pub max_header_bytes: usize,

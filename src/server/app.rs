@@ -20,6 +20,7 @@ use crate::memory::message::{Message, Role};
 use crate::memory::session::{Policy, Store};
 use crate::metrics::{Cause, Metrics};
 use crate::proxy::cache::AnswerCache;
+use crate::proxy::gate::{Acquire, Gate, Place};
 use crate::proxy::upstream::{BuildError, Upstreams};
 use crate::server::threads::Pool;
 use crate::store::Storage;
@@ -40,8 +41,9 @@ pub struct App {
     pub admin_token: Option<String>,
     /// The client keys chat requests require, if configured (`auth`).
     pub client_keys: Option<ClientKeys>,
-    /// One permit per upstream call in flight (`max_concurrent_upstream`).
-    pub upstream_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// One slot per upstream call in flight, drains included
+    /// (`max_concurrent_upstream`).
+    pub upstream_slots: Option<Arc<Gate>>,
     /// Wakes the sweeper early, when a new session goes over `max_sessions`.
     pub sweep_now: Arc<Notify>,
     /// The configured `[[system_messages]]`, ready to send.
@@ -173,7 +175,7 @@ impl App {
         let records: Arc<Records> = Arc::default();
         let long_term = long_term(&config, &upstreams, &policy, &records, &metrics);
         let limit = config.server.max_concurrent_upstream;
-        let upstream_slots = (limit > 0).then(|| Arc::new(tokio::sync::Semaphore::new(limit)));
+        let upstream_slots = (limit > 0).then(|| Gate::new(limit));
         let console = config.console.enabled.then(|| {
             crate::console::Console::start(crate::console::Parts {
                 admin_token: admin_token.as_deref(),
@@ -230,17 +232,24 @@ impl App {
     }
 
     /// A slot for one upstream call, held until its exchange ends (drain
-    /// included); none free is a 503 before anything is stored.
-    pub fn upstream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
-        match &self.upstream_slots {
-            None => Ok(None),
-            Some(slots) => Arc::clone(slots)
-                .try_acquire_owned()
-                .map(Some)
-                .map_err(|_| ApiError::Overloaded {
-                    limit: self.config.server.max_concurrent_upstream,
-                }),
-        }
+    /// included): a free one, or one a drain gives up, or else the one of
+    /// the reply this request will cut (`cutting`: its session's reply in
+    /// flight, looked up only then); none of these is a 503 before
+    /// anything is stored. `None` without a limit. The slot may still be
+    /// on its way: it is awaited after the cut (`relay`).
+    pub fn upstream_slot(
+        &self,
+        cutting: impl FnOnce() -> Option<Arc<Place>>,
+    ) -> Result<Option<Acquire>, ApiError> {
+        let Some(gate) = &self.upstream_slots else {
+            return Ok(None);
+        };
+        gate.admit(None)
+            .or_else(|| gate.admit(Some(&cutting()?)))
+            .map(Some)
+            .ok_or(ApiError::Overloaded {
+                limit: gate.limit(),
+            })
     }
 
     /// A new session was created: past `max_sessions`, wake the sweeper

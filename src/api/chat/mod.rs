@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 mod open;
 mod request;
 
-use open::{open_turn, token_encoding};
+use open::{open_turn, token_encoding, Admission};
 
 use request::{
     bypass_cache, idempotency_key, label_user, one_streamed_choice, retrying, session_id, user_id,
@@ -69,13 +69,11 @@ pub async fn completions(
     Ok(run(&app, turn).await?.response)
 }
 
-/// A request on the chat path as it arrived: whose it is, its place in
-/// `max_concurrent_upstream`, its headers (the client's key taken out:
-/// it is recall's, and the upstream gets its own or none), and when its
-/// body was read whole.
+/// A request on the chat path as it arrived: whose it is, its headers
+/// (the client's key taken out: it is recall's, and the upstream gets its
+/// own or none), and when its body was read whole.
 pub(crate) struct Arrival {
     pub access: Access,
-    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
     pub headers: HeaderMap,
     pub arrived: tokio::time::Instant,
 }
@@ -88,9 +86,6 @@ impl Arrival {
         body: Body,
     ) -> Result<(Self, bytes::Bytes), ApiError> {
         let access = app.client_access(&headers)?;
-        // Taken before anything is stored: a request turned away changes
-        // nothing.
-        let slot = app.upstream_slot()?;
         if app.client_keys.is_some() {
             headers.remove(axum::http::header::AUTHORIZATION);
         }
@@ -99,7 +94,6 @@ impl Arrival {
         let arrived = tokio::time::Instant::now();
         let arrival = Self {
             access,
-            slot,
             headers,
             arrived,
         };
@@ -157,13 +151,11 @@ pub(crate) struct Ran {
 /// vendor rewrite, relay.
 pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
     let Turn {
-        arrival:
-            Arrival {
-                access,
-                slot,
-                headers,
-                arrived,
-            },
+        arrival: Arrival {
+            access,
+            headers,
+            arrived,
+        },
         body,
         messages,
         session,
@@ -208,6 +200,9 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         .map(|u| access.internal(u).into_owned());
     // The user's long-term facts this turn sends, if any.
     let mut facts = None;
+    // The turn's upstream slot (`max_concurrent_upstream`), taken before
+    // anything is stored.
+    let mut admission = Admission::default();
     let (prepared, flight, ran_in) = match session {
         Some(target) => {
             let turn = session::TurnRequest {
@@ -221,8 +216,10 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
                 rules: &upstream.rules,
                 fallback_rules: fallback.as_ref().map(|f| &f.rules),
                 joins: Joins::Reconcile,
+                place: None,
             };
-            let (mut prepared, flight, ran_in) = open_turn(app, target, turn).await?;
+            let (mut prepared, flight, ran_in) =
+                open_turn(app, target, turn, &mut admission).await?;
             if let Some(fold) = prepared.fold.take() {
                 crate::api::memory::start_fold(app, &ran_in, fold);
             }
@@ -243,11 +240,14 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
             (prepared, flight, Some(ran_in))
         }
         // Stateless: the client manages its own history; send it as is.
-        None => (
-            session::Prepared::stateless(conversation),
-            Arc::new(Reply::stateless()),
-            None,
-        ),
+        None => {
+            admission.take(app, || None)?;
+            (
+                session::Prepared::stateless(conversation),
+                Arc::new(Reply::stateless()),
+                None,
+            )
+        }
     };
     let session::Prepared {
         turn_id,
@@ -351,7 +351,7 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         metrics: Arc::clone(&app.metrics),
         arrived,
         fallback,
-        slot,
+        slot: admission.into_slot(),
     })
     .await?;
     if cache_key.is_some() {

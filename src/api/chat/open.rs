@@ -10,17 +10,54 @@ use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::message::Message;
 use crate::memory::session::{self, Joins, Refused, Reply, Session, TurnRequest};
 use crate::memory::tokens::Encoding;
+use crate::proxy::gate::{Acquire, Place};
 use crate::server::app::App;
 use crate::store::Wait;
 
 /// A turn begun: what it sends, its reply, and the session it is in.
 pub(super) type Opened = (session::Prepared, Arc<Reply>, String);
 
+/// A turn's place under `max_concurrent_upstream` (`App::upstream_slot`),
+/// taken once, just before the turn may cut its session's reply in
+/// flight: a request refused for want of a slot has changed nothing, and
+/// one that will cut the reply claims that reply's slot before it cuts.
+#[derive(Default)]
+pub(super) struct Admission {
+    taken: bool,
+    slot: Option<Acquire>,
+}
+
+impl Admission {
+    /// Takes the place, unless it is taken; `cutting`: the place of the
+    /// reply in flight this turn will cut.
+    pub(super) fn take(
+        &mut self,
+        app: &App,
+        cutting: impl FnOnce() -> Option<Arc<Place>>,
+    ) -> Result<(), ApiError> {
+        if !self.taken {
+            self.slot = app.upstream_slot(cutting)?;
+            self.taken = true;
+        }
+        Ok(())
+    }
+
+    fn place(&self) -> Option<&Arc<Place>> {
+        self.slot.as_ref()?.place()
+    }
+
+    /// The slot for the exchange, if the limit is on.
+    pub(super) fn into_slot(self) -> Option<Acquire> {
+        self.slot
+    }
+}
+
 /// Begins `turn` in the session `target` names, as `target.joins` says.
 pub(super) async fn open_turn(
     app: &App,
     target: Target,
     turn: TurnRequest<'_>,
+    admission: &mut Admission,
 ) -> Result<Opened, ApiError> {
     let Target { id, joins, missing } = target;
     let missing = missing.as_ref();
@@ -31,7 +68,7 @@ pub(super) async fn open_turn(
                 _ => Joins::Reconcile,
             };
             let turn = TurnRequest { joins, ..turn };
-            match open_in(app, &id, &turn, missing).await? {
+            match open_in(app, &id, &turn, missing, admission).await? {
                 Ok((prepared, flight)) => Ok((prepared, flight, id)),
                 // Only `Joins::After` forks.
                 Err(_) => Err(ApiError::Internal),
@@ -42,7 +79,7 @@ pub(super) async fn open_turn(
                 joins: Joins::After(&response),
                 ..turn
             };
-            let history = match open_in(app, &id, &after, missing).await? {
+            let history = match open_in(app, &id, &after, missing, admission).await? {
                 Ok((prepared, flight)) => return Ok((prepared, flight, id)),
                 Err(history) => history,
             };
@@ -50,14 +87,16 @@ pub(super) async fn open_turn(
                 joins: Joins::Fork(&history),
                 ..after
             };
-            match open_in(app, &fork_to, &fork, None).await? {
+            match open_in(app, &fork_to, &fork, None, admission).await? {
                 Ok((prepared, flight)) => Ok((prepared, flight, fork_to)),
                 Err(_) => Err(ApiError::Internal),
             }
         }
         Joining::Unstored(history) => {
+            admission.take(app, || None)?;
             let turn = TurnRequest {
                 joins: Joins::Fork(&history),
+                place: admission.place(),
                 ..turn
             };
             let session = Session::unstored(&id, turn.now_ms);
@@ -75,12 +114,14 @@ pub(super) async fn open_turn(
 /// Begins a turn in session `id`, creating the session if needed (unless
 /// `missing` says it must exist). A session that ended while this request
 /// held it is looked up again (and so started anew). `Err(history)`: the
-/// turn forks from that history.
+/// turn forks from that history, and its place under
+/// `max_concurrent_upstream` is given back.
 async fn open_in(
     app: &App,
     id: &str,
     turn: &TurnRequest<'_>,
     missing: Option<&NotFound>,
+    admission: &mut Admission,
 ) -> Result<Result<(session::Prepared, Arc<Reply>), Vec<Arc<Message>>>, ApiError> {
     let now = turn.now_ms;
     let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
@@ -97,6 +138,13 @@ async fn open_in(
                 }
             }
         }
+        // Nothing below happens without an upstream slot, and a turn
+        // cuts the reply in flight here: it may take that reply's slot.
+        admission.take(app, || app.sessions.get(id)?.reply_place())?;
+        let turn = &TurnRequest {
+            place: admission.place(),
+            ..*turn
+        };
         // This process's own reply is settled first: with shared storage
         // before the other replicas' (a turn never waits on its own
         // process's lease), and after a failed write before the session
@@ -163,7 +211,12 @@ async fn open_in(
                 match refused {
                     Refused::Busy => return Err(busy()),
                     Refused::Ended => continue,
-                    Refused::Fork(history) => return Ok(Err(history)),
+                    Refused::Fork(history) => {
+                        // A fork leaves the reply in flight as it is: it
+                        // must not count on that reply's slot.
+                        *admission = Admission::default();
+                        return Ok(Err(history));
+                    }
                     Refused::UnknownResponse => {
                         return Err(match missing {
                             Some(m) => m.clone().into(),

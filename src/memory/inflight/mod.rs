@@ -24,6 +24,7 @@ use crate::memory::turns;
 use crate::metrics::Cause;
 use crate::proxy::accumulate::{Event, ReplyAccumulator};
 use crate::proxy::cut::{Cut, CutWait};
+use crate::proxy::gate::Place;
 use crate::store::Ticket;
 
 pub struct InFlight {
@@ -32,6 +33,9 @@ pub struct InFlight {
     /// the reply was interrupted. The response body ends; the exchange's
     /// task drains or closes the upstream.
     cut: Arc<Cut>,
+    /// The turn's place under `max_concurrent_upstream`: a request that
+    /// will cut this reply claims its slot (`proxy::gate`).
+    place: Option<Arc<Place>>,
     progress: Mutex<Progress>,
 }
 
@@ -202,11 +206,21 @@ impl Change {
 
 impl InFlight {
     pub fn new(turn_id: u64) -> Self {
+        Self::with_place(turn_id, None)
+    }
+
+    /// A reply whose upstream call holds or waits for `place`.
+    pub fn with_place(turn_id: u64, place: Option<Arc<Place>>) -> Self {
         Self {
             turn_id,
             cut: Arc::default(),
+            place,
             progress: Mutex::default(),
         }
+    }
+
+    pub fn place(&self) -> Option<&Arc<Place>> {
+        self.place.as_ref()
     }
 
     /// The client no longer receives this reply.

@@ -169,6 +169,12 @@ impl Session {
         self.state().active.is_some()
     }
 
+    /// The place under `max_concurrent_upstream` of the reply in flight
+    /// here, if any: a request that will cut the reply claims it.
+    pub fn reply_place(&self) -> Option<Arc<crate::proxy::gate::Place>> {
+        self.state().active.as_ref()?.place().cloned()
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // Every change under this lock is a push, a drain or a field
         // update, so a panic elsewhere cannot leave it half done: go on.

@@ -19,6 +19,7 @@ use crate::memory::tokens::Encoding;
 use crate::memory::turns;
 use crate::memory::window::{self, Limits, TrimReason, TrimScope};
 use crate::metrics::Cause;
+use crate::proxy::gate::Place;
 use crate::proxy::vendor::VendorRules;
 use crate::store::{Op, Ticket};
 use crate::webhook::Event;
@@ -43,6 +44,9 @@ pub struct TurnRequest<'a> {
     pub fallback_rules: Option<&'a VendorRules>,
     /// How the messages join the history.
     pub joins: Joins<'a>,
+    /// The request's place under `max_concurrent_upstream`, kept by its
+    /// reply in flight for a later request that will cut it.
+    pub place: Option<&'a Arc<Place>>,
 }
 
 /// How a request's messages join the history.
@@ -164,7 +168,7 @@ impl Session {
         }
         self.touch(req.now_ms);
         let prepared = self.append(&mut st, policy, req, retry_seq);
-        let flight = Arc::new(InFlight::new(prepared.turn_id));
+        let flight = Arc::new(InFlight::with_place(prepared.turn_id, req.place.cloned()));
         st.active = Some(Arc::clone(&flight));
         Ok((
             prepared,

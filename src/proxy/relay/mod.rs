@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::proxy::accumulate;
 use crate::proxy::client;
 use crate::proxy::cut::CutWait;
-use crate::proxy::gate::Slot;
+use crate::proxy::gate::{Acquire, Slot};
 use crate::proxy::idle::BodyError;
 use crate::proxy::upstream::{relayed_response_headers, Upstream};
 
@@ -55,8 +55,10 @@ pub struct Exchange {
     /// Where to try once more when the call fails before its first byte,
     /// with the body made for that upstream.
     pub fallback: Option<(Arc<Upstream>, Bytes)>,
-    /// The call's slot under `max_concurrent_upstream`, held to the end.
-    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The call's slot under `max_concurrent_upstream`, or the wait for
+    /// it (`App::upstream_slot`): awaited before the call, then held to
+    /// the end, drain included.
+    pub slot: Option<Acquire>,
 }
 
 /// When the upstream was called and when its answer was in, for the
@@ -185,7 +187,8 @@ impl Drop for GoneGuard {
 }
 
 async fn run(mut ex: Exchange, respond: oneshot::Sender<Head>) {
-    let mut watch = CutWatch::new(&ex);
+    let global = ex.slot.take();
+    let mut watch = CutWatch::new(&ex, global);
     let mut called = Instant::now();
     let mut outcome = watch.call(&ex).await;
     if let Some((fallback, body)) = ex.fallback.take() {
@@ -349,7 +352,7 @@ fn error_message(body: &[u8]) -> String {
 
 /// Waits on upstream I/O until the reply is cut; after the cut, either
 /// stops at once (`capture_original = false`, or a stateless request) or
-/// goes on until the drain deadline, or until a live request needs the
+/// goes on until the drain deadline, or until a live request needs an
 /// upstream slot it holds.
 struct CutWatch {
     flight: Arc<Reply>,
@@ -358,22 +361,29 @@ struct CutWatch {
     capture: bool,
     drain_for: Duration,
     deadline: Option<Instant>,
+    /// The call's slot under `max_concurrent_upstream` until it comes.
+    global_wait: Option<Acquire>,
+    /// That slot, held to the end of the exchange, drain included.
+    global: Option<Slot>,
     /// The call's slot under the upstream's `max_concurrent`, held to the
     /// end of the exchange, drain included.
     slot: Option<Slot>,
-    /// While draining with a slot: resolves when a live request asks for it.
-    asked_back: Option<CutWait>,
+    /// While draining with a slot: resolves when a live request asks for
+    /// one of them.
+    asked_back: Option<AskedBack>,
     yielded: bool,
 }
 
 impl CutWatch {
-    fn new(ex: &Exchange) -> Self {
+    fn new(ex: &Exchange, global: Option<Acquire>) -> Self {
         Self {
             flight: Arc::clone(&ex.flight),
             cut: ex.flight.cut_wait(),
             capture: ex.drain.capture_original && ex.flight.records(),
             drain_for: Duration::from_secs(ex.drain.drain_timeout_secs),
             deadline: None,
+            global_wait: global,
+            global: None,
             slot: None,
             asked_back: None,
             yielded: false,
@@ -384,8 +394,8 @@ impl CutWatch {
         self.flight.is_cut()
     }
 
-    /// The chat call to the exchange's current upstream, once it has a
-    /// slot for it. `None` when abandoned.
+    /// The chat call to the exchange's current upstream, once it has its
+    /// slots. `None` when abandoned.
     async fn call(&mut self, ex: &Exchange) -> Option<Result<client::Response, UpstreamError>> {
         // The slot of the upstream tried before (a fallback's first try).
         self.slot = None;
@@ -395,6 +405,16 @@ impl CutWatch {
         // to yield one.
         if self.is_cut() {
             return None;
+        }
+        if let Some(global) = self.global_wait.take() {
+            // A slot on its way: free, or from a drain asked to yield
+            // (maybe the reply this turn cut).
+            let global = tokio::select! {
+                biased;
+                slot = global => slot,
+                _ = &mut self.cut => return None,
+            };
+            self.global = Some(global);
         }
         let wait = ex.upstream.slot();
         tokio::pin!(wait);
@@ -427,7 +447,7 @@ impl CutWatch {
                 return None;
             }
             self.deadline = Some(Instant::now() + self.drain_for);
-            self.asked_back = self.slot.as_mut().map(Slot::draining);
+            self.asked_back = AskedBack::of(&mut self.global, &mut self.slot);
         }
         let deadline = self.deadline?;
         let Some(asked_back) = self.asked_back.as_mut() else {
@@ -454,6 +474,42 @@ impl CutWatch {
             self.flight.drain_yielded();
         } else {
             self.flight.drained(false);
+        }
+    }
+}
+
+/// A drain's slots asked back: by `max_concurrent_upstream`'s gate or by
+/// the upstream's, whichever asks first. The drain stops once, and lets
+/// go of both.
+struct AskedBack([Option<CutWait>; 2]);
+
+impl AskedBack {
+    /// Tells each gate that the holder drains; `None` without a slot.
+    fn of(global: &mut Option<Slot>, upstream: &mut Option<Slot>) -> Option<Self> {
+        if global.is_none() && upstream.is_none() {
+            return None;
+        }
+        Some(Self([
+            global.as_mut().map(Slot::draining),
+            upstream.as_mut().map(Slot::draining),
+        ]))
+    }
+}
+
+impl Future for AskedBack {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let asked = self
+            .get_mut()
+            .0
+            .iter_mut()
+            .flatten()
+            .any(|ask| Pin::new(ask).poll(cx).is_ready());
+        if asked {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
         }
     }
 }
