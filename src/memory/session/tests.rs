@@ -13,7 +13,9 @@ use crate::store::{Loaded, Meta, Op, Storage};
 use crate::webhook::LogOnly;
 
 async fn policy(name: &str) -> Policy {
-    let dir = std::env::temp_dir().join(format!("recall-session-{}-{name}", std::process::id()));
+    // A fixed place, emptied first, as the store's own unit tests do: a
+    // directory per process was left behind by every run.
+    let dir = std::env::temp_dir().join("recall-session-unit").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let config = StorageConfig {
