@@ -15,21 +15,9 @@ use serde_json::{json, Value};
 const ONE_SLOT: &str = "[server]\nmax_concurrent_upstream = 1\n\
                         [interruption]\ndrain_timeout_secs = 60\n";
 
-/// A reply that takes `n * gap` to stream whole.
-fn long_reply(n: usize, gap: Duration) -> Reply {
-    let mut pieces = vec!["Once upon a time"];
-    pieces.extend(std::iter::repeat_n(" and then", n));
-    sse_text(&pieces, gap)
-}
-
 /// 6 s of reply.
 fn story() -> Reply {
     long_reply(300, Duration::from_millis(20))
-}
-
-/// The drain ended: it read the whole reply, or it gave up and said why.
-fn drain_over(m: &Value) -> bool {
-    m["metadata"]["original_complete"] == true || m["metadata"]["error"].is_string()
 }
 
 /// The record of a reply cut by `cut_by` whose drain gave its slot up to

@@ -10,19 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures_util::StreamExt;
-use serde_json::{json, Value};
-
-/// A reply that takes `n * gap` to stream whole.
-fn long_reply(n: usize, gap: Duration) -> Reply {
-    let mut pieces = vec!["Once upon a time"];
-    pieces.extend(std::iter::repeat_n(" and then", n));
-    sse_text(&pieces, gap)
-}
-
-/// The drain ended: it read the whole reply, or it gave up and said why.
-fn drain_over(m: &Value) -> bool {
-    m["metadata"]["original_complete"] == true || m["metadata"]["error"].is_string()
-}
+use serde_json::json;
 
 #[tokio::test]
 async fn a_barge_in_takes_the_only_slot_from_the_drain_of_the_reply_it_cut() {

@@ -536,6 +536,18 @@ pub fn sse_text(pieces: &[&str], delay: Duration) -> Reply {
     Reply::Sse { chunks }
 }
 
+/// A reply that takes `n * gap` to stream whole.
+pub fn long_reply(n: usize, gap: Duration) -> Reply {
+    let mut pieces = vec!["Once upon a time"];
+    pieces.extend(std::iter::repeat_n(" and then", n));
+    sse_text(&pieces, gap)
+}
+
+/// The drain ended: it read the whole reply, or it gave up and said why.
+pub fn drain_over(m: &serde_json::Value) -> bool {
+    m["metadata"]["original_complete"] == true || m["metadata"]["error"].is_string()
+}
+
 pub fn sse_tail() -> String {
     let finish = json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
                         "model": "mock-model",
