@@ -10,9 +10,9 @@
 //! memory in the proxy must), through recall with the memory and the
 //! sqlite backend, and through LiteLLM's proxy (if `litellm` is installed).
 //! Load is open-loop at a fixed rate; latency is measured from each
-//! request's intended send time, so queueing shows. The highest-rate
-//! scenario also gives recall's and the hop's CPU time per request (from
-//! `/proc`), which unlike a rate does not depend on how the 2 cores are
+//! request's intended send time, so queueing shows. Every scenario also
+//! gives recall's and the hop's CPU time per request (from `/proc`), which
+//! unlike a rate or a latency does not depend on how the 2 cores are
 //! shared with the generator and the mock; the streaming headline
 //! scenario's added TTFB and chunk gaps are also given as ratios to the
 //! hop's.
@@ -215,7 +215,7 @@ struct Target {
     /// and adds the stored window itself; a pass-through keeps nothing,
     /// so a client of one sends the conversation every time.
     resend: usize,
-    /// The process whose CPU time is this path's own (`cpu_ticks`):
+    /// The process whose CPU time is this path's own (`cpu_ns`):
     /// recall's and the naive hop's, the resending hop sharing its hop's.
     /// None for direct, and for nginx and LiteLLM, whose work is done by
     /// worker processes that the one started forks.
@@ -618,6 +618,8 @@ struct Stats {
     latency: Vec<f64>,
     ttfb: Vec<f64>,
     gaps: Vec<f64>,
+    /// The path's CPU µs per answered request over the run (`Cpu`).
+    cpu_us: Option<f64>,
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -717,6 +719,7 @@ fn client() -> reqwest::Client {
 async fn open_loop(target: &Target, s: &Scenario) -> Stats {
     let client = client();
     let total = (s.rate * s.secs) as usize;
+    let cpu = Cpu::start(target);
     let start = tokio::time::Instant::now() + Duration::from_millis(20);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for i in 0..total {
@@ -754,6 +757,7 @@ async fn open_loop(target: &Target, s: &Scenario) -> Stats {
         }
     }
     stats.elapsed = (tokio::time::Instant::now() - start).as_secs_f64();
+    stats.cpu_us = cpu.per_request(stats.latency.len());
     stats
 }
 
@@ -875,7 +879,7 @@ struct Sustained {
 
 /// Closed loop with `conns` connections, each sending its next request as
 /// soon as the last one is answered: the highest sustained rate, and the
-/// path's CPU time per request over the run (`cpu_ticks` read just before
+/// path's CPU time per request over the run (`Cpu`, read just before
 /// the first request and after the last answer). Each connection has
 /// sessions of its own, so that no two requests are ever turns of one
 /// session at once (which recall would answer as a barge-in). Requests
@@ -883,7 +887,7 @@ struct Sustained {
 async fn max_rate(target: &Target, conns: usize, secs: f64) -> Sustained {
     let client = client();
     let url = format!("{}/chat/completions", target.base);
-    let cpu_before = target.cpu_pid.and_then(cpu_ticks);
+    let cpu = Cpu::start(target);
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let workers: Vec<_> = (0..conns)
         .map(|c| {
@@ -913,45 +917,59 @@ async fn max_rate(target: &Target, conns: usize, secs: f64) -> Sustained {
             all.absorb_failures(failures);
         }
     }
-    let cpu_after = target.cpu_pid.and_then(cpu_ticks);
     note_failures(&target.name, "highest rate", &all.failures);
-    let cpu_us = match (cpu_before, cpu_after) {
-        (Some(before), Some(after)) if total > 0 => {
-            Some(after.saturating_sub(before) as f64 * 1e6 / clock_ticks_per_sec() / total as f64)
-        }
-        _ => None,
-    };
+    let cpu_us = cpu.per_request(total);
     Sustained {
         rate: total as f64 / secs,
         cpu_us,
     }
 }
 
-/// The CPU time process `pid` has used, all its threads, user and system
-/// (`utime` + `stime`, fields 14 and 15 of `/proc/<pid>/stat`), in clock
-/// ticks; None off Linux or once it has exited. Its children's are not
-/// included (nginx's workers', so nginx has none: `Target::cpu_pid`).
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 2, the command, is in parentheses and may hold spaces: the
-    // fields are counted from the last ')', after which field 3 is first.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(14 - 3);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
+/// A path's CPU time over a run, read at its start and at its end
+/// (`cpu_ns`): its own cost, which unlike a rate or a latency does not
+/// depend on how the 2 cores are shared with the generator and the mock.
+/// Everything the process does counts (drains, the storage writer, summary
+/// and memory calls).
+struct Cpu {
+    pid: Option<u32>,
+    before: Option<u64>,
 }
 
-/// Clock ticks a second, the unit of `cpu_ticks` (100 on Linux almost
-/// everywhere, which is assumed if the system does not say).
-fn clock_ticks_per_sec() -> f64 {
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if ticks > 0 {
-        ticks as f64
-    } else {
-        100.0
+impl Cpu {
+    fn start(target: &Target) -> Self {
+        Cpu {
+            pid: target.cpu_pid,
+            before: target.cpu_pid.and_then(cpu_ns),
+        }
     }
+
+    /// µs per request over `requests`; None without a process to read.
+    fn per_request(&self, requests: usize) -> Option<f64> {
+        let (before, after) = (self.before?, cpu_ns(self.pid?)?);
+        (requests > 0).then(|| after.saturating_sub(before) as f64 / 1e3 / requests as f64)
+    }
+}
+
+/// The CPU time process `pid`'s threads have used, in ns: the sum of each
+/// live thread's `/proc/<pid>/task/<tid>/schedstat` (its first field). The
+/// process's own `utime` and `stime` count in clock ticks of 10 ms, too
+/// coarse for the few thousand turns of a quick run; a thread that exits
+/// during a run takes its time with it (recall's and the hop's threads
+/// live as long as the process). None off Linux or once it has exited.
+fn cpu_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0u64;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(total)
 }
 
 fn median_of(xs: &mut [f64]) -> f64 {
@@ -992,6 +1010,9 @@ struct Figures {
     ttfb99: f64,
     gap50: f64,
     gap99: f64,
+    /// CPU µs per answered request (NaN where the path has no process of
+    /// its own to read: direct, nginx, LiteLLM).
+    cpu: f64,
 }
 
 /// The run's figures; its failures, if any, go to the report under
@@ -1010,6 +1031,7 @@ fn figures(path: &str, scenario: &str, st: &mut Stats) -> Figures {
         ttfb99: pct(&mut st.ttfb, 0.99),
         gap50: pct(&mut st.gaps, 0.50),
         gap99: pct(&mut st.gaps, 0.99),
+        cpu: st.cpu_us.unwrap_or(f64::NAN),
     }
 }
 
@@ -1031,6 +1053,7 @@ fn median(runs: &[Figures]) -> Figures {
         ttfb99: mid(|f| f.ttfb99),
         gap50: mid(|f| f.gap50),
         gap99: mid(|f| f.gap99),
+        cpu: mid(|f| f.cpu),
     }
 }
 
@@ -1053,12 +1076,13 @@ fn row(target: &str, s: &Scenario, f: &Figures) -> Vec<String> {
         format!("{:.2}", f.max),
         opt(f.ttfb99, 2),
         opt(f.gap99, 3),
+        opt(f.cpu, 0),
     ]
 }
 
 fn print_table(rows: &[Vec<String>]) {
-    println!("| path | scenario | achieved req/s | errors | p50 ms | p90 ms | p99 ms | max ms | TTFB p99 ms | chunk gap p99 ms |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| path | scenario | achieved req/s | errors | p50 ms | p90 ms | p99 ms | max ms | TTFB p99 ms | chunk gap p99 ms | CPU µs per request |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!("| {} |", r.join(" | "));
     }
@@ -1403,9 +1427,9 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
     println!();
     println!(
         "| path | scenario | added p50 ms | added p99 ms | added TTFB p99 ms | \
-         added p50 ÷ naive hop's |"
+         added p50 ÷ naive hop's | CPU per request ÷ naive hop's |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let mut keys: Vec<_> = summary.keys().cloned().collect();
     keys.sort();
     for (target, scenario) in keys {
@@ -1427,8 +1451,13 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
                 || "-".to_owned(),
                 |added| format!("{:.2}", (f.p50 - base.p50) / added),
             );
+        let cpu = summary
+            .get(&(hop.name.clone(), scenario.clone()))
+            .map(|h| f.cpu / h.cpu)
+            .filter(|r| r.is_finite())
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}"));
         println!(
-            "| {target} | {scenario} | {:.3} | {:.3} | {} | {ratio} |",
+            "| {target} | {scenario} | {:.3} | {:.3} | {} | {ratio} | {cpu} |",
             f.p50 - base.p50,
             f.p99 - base.p99,
             if f.ttfb99.is_nan() {
@@ -1471,9 +1500,10 @@ fn streaming_against_hop(
     println!(
         "| path ({scenario}) | added TTFB p50 ms | added TTFB p99 ms | added chunk gap p50 ms | \
          added chunk gap p99 ms | TTFB p50 ÷ naive hop's | TTFB p99 ÷ naive hop's | \
-         chunk gap p50 ÷ naive hop's | chunk gap p99 ÷ naive hop's |"
+         chunk gap p50 ÷ naive hop's | chunk gap p99 ÷ naive hop's | CPU µs per stream | \
+         CPU per stream ÷ naive hop's |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let figure = |v: f64, digits: usize| {
         if v.is_nan() {
             "-".to_owned()
@@ -1494,9 +1524,11 @@ fn streaming_against_hop(
             }
         });
         println!(
-            "| {path} | {} | {} |",
+            "| {path} | {} | {} | {} | {} |",
             shown.join(" | "),
-            ratios.join(" | ")
+            ratios.join(" | "),
+            figure(f.cpu, 0),
+            figure(f.cpu / hop.cpu, 2)
         );
     }
     let _ = std::io::stdout().flush();
@@ -1528,10 +1560,14 @@ async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
     println!();
     println!(
         "| long session ({sessions} sessions × {turns} turns, memory) | p50 ms | p99 ms | \
-         upstream bytes per turn | ≈ tokens per turn (bytes / 4) | summary calls |"
+         upstream bytes per turn | ≈ tokens per turn (bytes / 4) | summary calls | \
+         recall's CPU µs per turn |"
     );
-    println!("|---|---|---|---|---|---|");
-    let mut figures: Vec<Vec<(f64, f64, f64, u64)>> = vec![Vec::new(); paths.len()];
+    println!("|---|---|---|---|---|---|---|");
+    // Per path, per round: p50, p99, upstream bytes per turn, summary
+    // calls, CPU µs per turn.
+    type Run = (f64, f64, f64, u64, f64);
+    let mut figures: Vec<Vec<Run>> = vec![Vec::new(); paths.len()];
     for round in 0..repeat {
         for (i, (_, sections)) in paths.iter().enumerate() {
             let target = launch(mock, "memory", 0, sections).await;
@@ -1540,7 +1576,11 @@ async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
                 CHAT_BYTES.load(Ordering::Relaxed),
                 SUMMARY_CALLS.load(Ordering::Relaxed),
             );
+            let cpu = Cpu::start(&target);
             let mut lat = turn_by_turn(&target, sessions, turns, round).await;
+            // The last fold runs after the last answer.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let cpu = cpu.per_request(lat.len()).unwrap_or(f64::NAN);
             let calls = CHAT_CALLS.load(Ordering::Relaxed) - calls;
             let bytes = CHAT_BYTES.load(Ordering::Relaxed) - bytes;
             let folds = SUMMARY_CALLS.load(Ordering::Relaxed) - folds;
@@ -1549,6 +1589,7 @@ async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
                 pct(&mut lat, 0.99),
                 bytes as f64 / calls.max(1) as f64,
                 folds,
+                cpu,
             ));
         }
     }
@@ -1556,13 +1597,15 @@ async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
         let mut p50: Vec<f64> = runs.iter().map(|r| r.0).collect();
         let mut p99: Vec<f64> = runs.iter().map(|r| r.1).collect();
         let mut per_turn: Vec<f64> = runs.iter().map(|r| r.2).collect();
+        let mut cpu: Vec<f64> = runs.iter().map(|r| r.4).collect();
         let folds = runs.iter().map(|r| r.3).max().unwrap_or(0);
         let per_turn = median_of(&mut per_turn);
         println!(
-            "| {name} | {:.3} | {:.3} | {per_turn:.0} | {:.0} | {folds} |",
+            "| {name} | {:.3} | {:.3} | {per_turn:.0} | {:.0} | {folds} | {:.0} |",
             median_of(&mut p50),
             median_of(&mut p99),
-            per_turn / 4.0
+            per_turn / 4.0,
+            median_of(&mut cpu)
         );
     }
 }
@@ -1791,8 +1834,8 @@ async fn long_term_turns(mock: SocketAddr, quick: bool, repeat: usize) {
         }
     }
     // Per path, per round: p50, p99, turns/s, errors, embeddings and
-    // extraction calls.
-    type Run = (f64, f64, f64, usize, u64, u64, f64);
+    // extraction calls, first turns' p50, CPU µs per turn.
+    type Run = (f64, f64, f64, usize, u64, u64, f64, f64);
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); paths.len()];
     for round in 0..repeat {
         for (i, &(think, backend, on)) in paths.iter().enumerate() {
@@ -1806,6 +1849,7 @@ async fn long_term_turns(mock: SocketAddr, quick: bool, repeat: usize) {
                 EMBED_CALLS.load(Ordering::Relaxed),
                 EXTRACT_CALLS.load(Ordering::Relaxed),
             );
+            let cpu = Cpu::start(&target);
             let started = Instant::now();
             let think = Duration::from_millis(think);
             let (mut lat, mut firsts, errors) =
@@ -1836,22 +1880,24 @@ async fn long_term_turns(mock: SocketAddr, quick: bool, repeat: usize) {
                 EMBED_CALLS.load(Ordering::Relaxed) - embeds,
                 EXTRACT_CALLS.load(Ordering::Relaxed) - extracts,
                 pct(&mut firsts, 0.5),
+                cpu.per_request(lat.len()).unwrap_or(f64::NAN),
             ));
         }
     }
     println!();
     println!(
         "| long-term turns ({sessions} sessions × {turns} turns, a user each) | turns/s | \
-         errors | p50 ms | p99 ms | first turns p50 ms | embeddings calls | extraction calls |"
+         errors | p50 ms | p99 ms | first turns p50 ms | embeddings calls | extraction calls | \
+         recall's CPU µs per turn |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    let mut off = (0.0, 0.0, 0.0);
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut off = (0.0, 0.0, 0.0, 0.0);
     for (&(think, backend, on), runs) in paths.iter().zip(&runs) {
         let mid = |f: fn(&Run) -> f64| {
             let mut v: Vec<f64> = runs.iter().map(f).collect();
             median_of(&mut v)
         };
-        let (p50, p99, first) = (mid(|r| r.0), mid(|r| r.1), mid(|r| r.6));
+        let (p50, p99, first, cpu) = (mid(|r| r.0), mid(|r| r.1), mid(|r| r.6), mid(|r| r.7));
         let pace = if think == 0 {
             "closed loop".to_owned()
         } else {
@@ -1859,7 +1905,7 @@ async fn long_term_turns(mock: SocketAddr, quick: bool, repeat: usize) {
         };
         println!(
             "| recall ({backend}), {pace}, long-term {} | {:.0} | {} | {p50:.3} | {p99:.3} | \
-             {first:.3} | {:.0} | {:.0} |",
+             {first:.3} | {:.0} | {:.0} | {cpu:.0} |",
             if on { "on" } else { "off" },
             mid(|r| r.2),
             runs.iter().map(|r| r.3).sum::<usize>(),
@@ -1868,13 +1914,16 @@ async fn long_term_turns(mock: SocketAddr, quick: bool, repeat: usize) {
         );
         if on {
             println!(
-                "| recall ({backend}), {pace}, on − off | | | {:+.3} | {:+.3} | {:+.3} | | |",
+                "| recall ({backend}), {pace}, on − off | | | {:+.3} | {:+.3} | {:+.3} | | | \
+                 {:+.0} ({:+.0}%) |",
                 p50 - off.0,
                 p99 - off.1,
-                first - off.2
+                first - off.2,
+                cpu - off.3,
+                100.0 * (cpu / off.3 - 1.0)
             );
         } else {
-            off = (p50, p99, first);
+            off = (p50, p99, first, cpu);
         }
     }
 }
