@@ -168,6 +168,44 @@ async fn a_fact_told_in_one_session_is_recalled_in_the_next_when_relevant() {
     assert_eq!(facts_sent(&h), None);
 }
 
+/// The `/embeddings` requests the upstream has received.
+fn embedding_calls(h: &Harness) -> usize {
+    h.upstream
+        .received()
+        .iter()
+        .filter(|r| r.path.ends_with("/embeddings"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_user_with_no_records_costs_no_embedding_call() {
+    let h = harness("").await;
+    // A new user's turns are searched, and there is nothing to rank.
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    assert!(searched(&h, "s1").await.is_empty());
+    say(&h, "ana", "s1", "What snack should I bring?").await;
+    assert!(searched(&h, "s1").await.is_empty());
+    let (status, found) = call(
+        &h,
+        None,
+        Method::POST,
+        "/v1/users/ana/memory/records/search",
+        Some(json!({"query": "peanuts"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found["data"], json!([]), "{found}");
+    assert_eq!(embedding_calls(&h), 0);
+
+    // Once they have a record, a search embeds its query.
+    extract(&h, "s1").await;
+    let stored = embedding_calls(&h);
+    assert!(stored > 0, "the extracted fact was embedded");
+    say(&h, "ana", "s2", "What snack should I bring?").await;
+    assert_eq!(searched(&h, "s2").await, vec![PEANUTS]);
+    assert!(embedding_calls(&h) > stored, "the question was embedded");
+}
+
 #[tokio::test]
 async fn inline_retrieval_sends_the_related_fact_in_the_same_turn() {
     let h = told_then_asked("retrieve = \"inline\"\ninline_timeout_ms = 2000").await;

@@ -257,9 +257,15 @@ impl LongTerm {
         threshold: f32,
         namespace: Option<&str>,
     ) -> Result<Vec<(Record, f32)>, LongTermError> {
+        let held = self.records.of(&self.storage, user).await?;
+        // Nothing to rank (a new user's every turn, until a first
+        // extraction): the embedding call would be paid for nothing.
+        let in_scope = |r: &Record| namespace.is_none_or(|ns| r.namespace == ns);
+        if !held.records.iter().any(in_scope) {
+            return Ok(Vec::new());
+        }
         let mut vectors = self.embed(Job::Recall, vec![query.to_owned()]).await?;
         let vector = vectors.pop().unwrap_or_default();
-        let held = self.records.of(&self.storage, user).await?;
         let ranked = match namespace {
             Some(ns) => {
                 let within: Vec<Record> = held
