@@ -618,7 +618,7 @@ struct Stats {
     latency: Vec<f64>,
     ttfb: Vec<f64>,
     gaps: Vec<f64>,
-    /// The path's CPU µs per answered request over the run (`Cpu`).
+    /// The path's CPU µs per request sent over the run (`Cpu`).
     cpu_us: Option<f64>,
 }
 
@@ -757,7 +757,8 @@ async fn open_loop(target: &Target, s: &Scenario) -> Stats {
         }
     }
     stats.elapsed = (tokio::time::Instant::now() - start).as_secs_f64();
-    stats.cpu_us = cpu.per_request(stats.latency.len());
+    // Per request sent: in a collapse, the failed ones took work too.
+    stats.cpu_us = cpu.per_request(total);
     stats
 }
 
@@ -1010,7 +1011,7 @@ struct Figures {
     ttfb99: f64,
     gap50: f64,
     gap99: f64,
-    /// CPU µs per answered request (NaN where the path has no process of
+    /// CPU µs per request sent (NaN where the path has no process of
     /// its own to read: direct, nginx, LiteLLM).
     cpu: f64,
 }
