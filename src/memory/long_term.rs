@@ -92,16 +92,30 @@ fn unfenced(text: &str) -> &str {
 /// Cosine similarity of two vectors, -1 to 1; 0 when either is all zeros
 /// or their lengths differ (another embedding model's vector).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    // Every search and every merge scores each of the user's records:
+    // independent lanes let the sums run side by side (and in SIMD), where
+    // one running sum waited on itself at every element.
+    const LANES: usize = 8;
     if a.len() != b.len() || a.is_empty() {
         return 0.0;
     }
-    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(*x), f64::from(*y));
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
+    let (mut dot, mut na, mut nb) = ([0f32; LANES], [0f32; LANES], [0f32; LANES]);
+    let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail = a8.remainder().iter().zip(b8.remainder());
+    for (x, y) in a8.zip(b8) {
+        for k in 0..LANES {
+            dot[k] += x[k] * y[k];
+            na[k] += x[k] * x[k];
+            nb[k] += y[k] * y[k];
+        }
     }
+    for (k, (x, y)) in tail.enumerate() {
+        dot[k] += x * y;
+        na[k] += x * x;
+        nb[k] += y * y;
+    }
+    let sum = |lanes: [f32; LANES]| lanes.iter().map(|&x| f64::from(x)).sum::<f64>();
+    let (dot, na, nb) = (sum(dot), sum(na), sum(nb));
     if na == 0.0 || nb == 0.0 {
         return 0.0;
     }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::chat::call;
@@ -38,6 +39,46 @@ impl EmbeddingModel for UpstreamEmbedding {
 
 /// The `n` vectors of an embeddings answer, in input order.
 pub(crate) fn vectors(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
+    match typed(body, n) {
+        Some(out) => Ok(out),
+        None => checked(body, n),
+    }
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    data: Vec<Item>,
+}
+
+#[derive(Deserialize)]
+struct Item {
+    #[serde(default)]
+    index: Option<usize>,
+    embedding: Vec<f32>,
+}
+
+/// The answer read straight into vectors, when it is what it should be.
+/// A tree of JSON values first cost a `Value` per number (1,536 of them for
+/// an OpenAI embedding) and most of a long-term turn's parse time; an answer
+/// this refuses goes to `checked`, which says what is wrong with it.
+fn typed(body: &[u8], n: usize) -> Option<Vec<Vec<f32>>> {
+    let answer: Answer = serde_json::from_slice(body).ok()?;
+    if answer.data.len() != n {
+        return None;
+    }
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
+    for (i, item) in answer.data.into_iter().enumerate() {
+        let slot = out.get_mut(item.index.unwrap_or(i))?;
+        if slot.is_some() || item.embedding.is_empty() {
+            return None;
+        }
+        *slot = Some(item.embedding);
+    }
+    out.into_iter().collect()
+}
+
+/// The slow, exact reading of an answer, with the reason it is refused.
+fn checked(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
     let bad = |why: String| ModelError::NotEmbeddings(why);
     let v: Value = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
     let data = v["data"]
@@ -67,4 +108,49 @@ pub(crate) fn vectors(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError
     out.into_iter()
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| bad("a text has no vector".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(body: &str, n: usize) -> String {
+        match vectors(body.as_bytes(), n) {
+            Err(ModelError::NotEmbeddings(why)) => why,
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn vectors_come_back_in_input_order() {
+        let body = r#"{"object":"list","model":"m","data":[
+            {"object":"embedding","index":1,"embedding":[0.5,-1]},
+            {"object":"embedding","index":0,"embedding":[1e-3,2.25]}],
+            "usage":{"prompt_tokens":2,"total_tokens":2}}"#;
+        let v = vectors(body.as_bytes(), 2).unwrap();
+        assert_eq!(v, vec![vec![1e-3, 2.25], vec![0.5, -1.0]]);
+        // Without indexes, in the order given.
+        let body = r#"{"data":[{"embedding":[1]},{"embedding":[2]}]}"#;
+        assert_eq!(
+            vectors(body.as_bytes(), 2).unwrap(),
+            vec![vec![1.0], vec![2.0]]
+        );
+        // An index that is not a number counts as its place, as before.
+        let body = r#"{"data":[{"index":"x","embedding":[3]}]}"#;
+        assert_eq!(vectors(body.as_bytes(), 1).unwrap(), vec![vec![3.0]]);
+    }
+
+    #[test]
+    fn a_malformed_answer_says_what_is_wrong() {
+        assert!(refused("[]", 1).contains("no `data` list"));
+        assert!(refused(r#"{"data":[{"embedding":[1]}]}"#, 2).contains("1 vectors for 2 texts"));
+        assert!(refused(r#"{"data":[{"embedding":"AAAA"}]}"#, 1).contains("no `embedding` list"));
+        assert!(refused(r#"{"data":[{"embedding":[1,"a"]}]}"#, 1).contains("other than numbers"));
+        assert!(refused(r#"{"data":[{"embedding":[]}]}"#, 1).contains("is empty"));
+        let twice = r#"{"data":[{"index":0,"embedding":[1]},{"index":0,"embedding":[2]}]}"#;
+        assert!(refused(twice, 2).contains("out of place"));
+        let beyond = r#"{"data":[{"index":5,"embedding":[1]}]}"#;
+        assert!(refused(beyond, 1).contains("out of place"));
+        assert!(refused("not json", 1).contains("expected"));
+    }
 }

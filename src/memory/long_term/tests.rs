@@ -46,6 +46,25 @@ fn cosine_is_bounded_and_zero_for_what_cannot_compare() {
     assert_eq!(cosine(&[], &[]), 0.0);
 }
 
+proptest::proptest! {
+    /// The lanes (and their tail) agree with one running sum in f64.
+    #[test]
+    fn cosine_agrees_with_the_plain_sum(
+        pairs in proptest::collection::vec((-1.0f32..1.0, -1.0f32..1.0), 1..1600)
+    ) {
+        let (a, b): (Vec<f32>, Vec<f32>) = pairs.into_iter().unzip();
+        let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
+        for (x, y) in a.iter().zip(&b) {
+            let (x, y) = (f64::from(*x), f64::from(*y));
+            dot += x * y;
+            na += x * x;
+            nb += y * y;
+        }
+        let plain = if na == 0.0 || nb == 0.0 { 0.0 } else { dot / (na.sqrt() * nb.sqrt()) };
+        proptest::prop_assert!((f64::from(cosine(&a, &b)) - plain).abs() < 1e-5);
+    }
+}
+
 #[test]
 fn a_close_fact_updates_its_record_within_its_namespace_only() {
     let known = [
