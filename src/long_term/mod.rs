@@ -267,11 +267,11 @@ impl LongTerm {
         let mut vectors = self.embed(Job::Recall, vec![query.to_owned()]).await?;
         let vector = vectors.pop().unwrap_or_default();
         let ranked = match namespace {
-            Some(ns) => {
+            Some(_) => {
                 let within: Vec<Record> = held
                     .records
                     .iter()
-                    .filter(|r| r.namespace == ns)
+                    .filter(|r| in_scope(r))
                     .cloned()
                     .collect();
                 owned(lt::rank(&within, &vector, limit, threshold))

@@ -38,10 +38,22 @@ impl EmbeddingModel for UpstreamEmbedding {
 }
 
 /// The `n` vectors of an embeddings answer, in input order.
+///
+/// Read straight into typed vectors when it has the expected shape: a tree
+/// of JSON values cost a `Value` per number (1,536 of them for an OpenAI
+/// embedding) and most of a long-term turn's parse time. An answer the
+/// typed reading refuses is read as values, which says what is wrong.
 pub(crate) fn vectors(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
-    match typed(body, n) {
-        Some(out) => Ok(out),
-        None => checked(body, n),
+    match serde_json::from_slice::<Answer>(body) {
+        Ok(answer) => place(
+            answer
+                .data
+                .into_iter()
+                .enumerate()
+                .map(|(i, item)| Ok((item.index.unwrap_or(i), item.embedding))),
+            n,
+        ),
+        Err(_) => checked(body, n),
     }
 }
 
@@ -57,38 +69,18 @@ struct Item {
     embedding: Vec<f32>,
 }
 
-/// The answer read straight into vectors, when it is what it should be.
-/// A tree of JSON values first cost a `Value` per number (1,536 of them for
-/// an OpenAI embedding) and most of a long-term turn's parse time; an answer
-/// this refuses goes to `checked`, which says what is wrong with it.
-fn typed(body: &[u8], n: usize) -> Option<Vec<Vec<f32>>> {
-    let answer: Answer = serde_json::from_slice(body).ok()?;
-    if answer.data.len() != n {
-        return None;
-    }
-    let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
-    for (i, item) in answer.data.into_iter().enumerate() {
-        let slot = out.get_mut(item.index.unwrap_or(i))?;
-        if slot.is_some() || item.embedding.is_empty() {
-            return None;
-        }
-        *slot = Some(item.embedding);
-    }
-    out.into_iter().collect()
+fn bad(why: String) -> ModelError {
+    ModelError::NotEmbeddings(why)
 }
 
-/// The slow, exact reading of an answer, with the reason it is refused.
+/// The answer read as JSON values, for the reason the typed reading
+/// refused it.
 fn checked(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
-    let bad = |why: String| ModelError::NotEmbeddings(why);
     let v: Value = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
     let data = v["data"]
         .as_array()
         .ok_or_else(|| bad("no `data` list".into()))?;
-    if data.len() != n {
-        return Err(bad(format!("{} vectors for {n} texts", data.len())));
-    }
-    let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
-    for (i, item) in data.iter().enumerate() {
+    let items = data.iter().enumerate().map(|(i, item)| {
         let index = item["index"].as_u64().map_or(i, |x| x as usize);
         let vector = item["embedding"]
             .as_array()
@@ -97,6 +89,23 @@ fn checked(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
             .map(|x| x.as_f64().map(|f| f as f32))
             .collect::<Option<Vec<f32>>>()
             .ok_or_else(|| bad(format!("item {i} holds something other than numbers")))?;
+        Ok((index, vector))
+    });
+    place(items, n)
+}
+
+/// Each item's vector put in its input's place: exactly `n`, none empty,
+/// no place taken twice.
+fn place(
+    items: impl ExactSizeIterator<Item = Result<(usize, Vec<f32>), ModelError>>,
+    n: usize,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    if items.len() != n {
+        return Err(bad(format!("{} vectors for {n} texts", items.len())));
+    }
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
+    for (i, item) in items.enumerate() {
+        let (index, vector) = item?;
         if vector.is_empty() {
             return Err(bad(format!("item {i} is empty")));
         }
