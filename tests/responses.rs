@@ -361,6 +361,63 @@ async fn a_stream_comes_as_responses_events_in_order_and_is_stored() {
     assert_eq!(got["output"][0]["id"], done["output"][0]["id"]);
 }
 
+/// A Responses stream whose upstream fails ends in `response.failed` with
+/// the failure's code, after the text that went out: for an upstream that
+/// breaks off in the middle of an event (the relayed half of it must not
+/// swallow recall's error event) and for an upstream's own error event.
+#[tokio::test]
+async fn a_stream_whose_upstream_fails_ends_in_response_failed_with_its_code() {
+    let h = Harness::default().await;
+    let half = delta_event(json!({"content": "lost words"}));
+    let broken = Reply::Sse {
+        chunks: vec![
+            (Duration::ZERO, delta_event(json!({"content": "Half a "}))),
+            (Duration::from_millis(20), half[..half.len() / 2].to_owned()),
+            (Duration::from_millis(20), BREAK.to_owned()),
+        ],
+    };
+    let upstream_error = Reply::Sse {
+        chunks: vec![
+            (Duration::ZERO, delta_event(json!({"content": "Half a "}))),
+            (
+                Duration::from_millis(20),
+                format!(
+                    "data: {}\n\n",
+                    json!({"error": {"message": "overloaded", "type": "server_error", "code": "server_overloaded"}})
+                ),
+            ),
+        ],
+    };
+    for (reply, code, message) in [
+        (broken, "stream_broken", "broke off"),
+        (upstream_error, "server_overloaded", "overloaded"),
+    ] {
+        h.upstream.push(reply);
+        let resp = h
+            .client
+            .post(format!("{}/v1/responses", h.url))
+            .json(&json!({"model": "m", "input": "hi", "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.text().await.unwrap();
+        let evs = events(&body);
+        let deltas: String = evs
+            .iter()
+            .filter(|(k, _)| k == "response.output_text.delta")
+            .map(|(_, d)| d["delta"].as_str().unwrap())
+            .collect();
+        assert_eq!(deltas, "Half a ", "{body}");
+        let (kind, last) = evs.last().unwrap();
+        assert_eq!(kind, "response.failed", "{body}");
+        let error = &last["response"]["error"];
+        assert_eq!(error["code"], code, "{body}");
+        let text = error["message"].as_str().unwrap();
+        assert!(text.contains(message), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn a_stream_cut_by_its_client_is_stored_as_an_interrupted_response() {
     let h = Harness::default().await;

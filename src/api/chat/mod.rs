@@ -33,7 +33,7 @@ use crate::memory::message::{Message, Role};
 use crate::memory::reconcile;
 use crate::memory::session::{self, Joins, Reply};
 use crate::proxy::cache;
-use crate::proxy::relay::{self, Exchange};
+use crate::proxy::relay::{self, Exchange, FrameEvents};
 use crate::proxy::vendor::{self, TurnInfo};
 use crate::server::app::App;
 
@@ -65,6 +65,7 @@ pub async fn completions(
         messages,
         session,
         served: served.map(|Extension(s)| s),
+        frame_events: None,
     };
     Ok(run(&app, turn).await?.response)
 }
@@ -111,6 +112,8 @@ pub(crate) struct Turn {
     /// None: stateless, the client's messages are sent as they are.
     pub session: Option<Target>,
     pub served: Option<ServedBy>,
+    /// Set when recall reads the streamed answer again (`FrameEvents`).
+    pub frame_events: Option<FrameEvents>,
 }
 
 /// The session a turn runs in, and how its messages join it.
@@ -160,6 +163,7 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         messages,
         session,
         served,
+        frame_events,
     } = turn;
     let user = user_id(app, &headers)?;
     let model = match body.get("model") {
@@ -352,6 +356,7 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         arrived,
         fallback,
         slot: admission.into_slot(),
+        frame_events,
     })
     .await?;
     if cache_key.is_some() {

@@ -19,16 +19,20 @@ use super::events::Events;
 use super::response::{from_completion, Echo};
 use crate::error::ApiError;
 use crate::proxy::accumulate::Event;
+use crate::proxy::relay::FrameEvents;
 
 /// The largest chat completion read back for translation (as the relay's
 /// own cap on a non-streaming answer).
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 
+/// `frame_events` holds what the relay parsed from each frame of a
+/// streamed body, so that the frames it covers are not parsed again.
 pub async fn translate(
     response: Response,
     echo: Echo,
     model: &str,
     stream: bool,
+    frame_events: FrameEvents,
 ) -> Result<Response, ApiError> {
     if response.status() != StatusCode::OK {
         return Ok(response);
@@ -39,6 +43,7 @@ pub async fn translate(
         let events = EventStream {
             inner: body.into_data_stream(),
             parser: SseParser::new(),
+            frame_events,
             events: Events::new(echo, model),
             started: false,
             ended: false,
@@ -72,7 +77,9 @@ pub async fn translate(
 /// cut where the client stopped, as in chat.
 struct EventStream {
     inner: BodyDataStream,
+    /// For the frames recall wrote itself; the relay's come parsed.
     parser: SseParser,
+    frame_events: FrameEvents,
     events: Events,
     started: bool,
     /// The chat stream said how it ended: `[DONE]`, or an error event.
@@ -81,40 +88,43 @@ struct EventStream {
 }
 
 impl EventStream {
-    /// The events the chat stream's complete SSE events give.
-    fn take(&mut self) -> Vec<u8> {
+    /// The Responses events a frame of the chat stream gives.
+    fn translate(&mut self, frame: &Bytes) -> Vec<u8> {
         let mut out = Vec::new();
+        if let Some(parsed) = self.frame_events.take(frame) {
+            for event in parsed {
+                self.apply(event, &mut out);
+            }
+            return out;
+        }
+        self.parser.feed(frame);
         while let Some(event) = self.parser.next_event() {
-            if self.ended {
-                continue;
-            }
-            match Event::parse(&event.data) {
-                Event::Done => {
-                    self.ended = true;
-                    self.events.finish(&mut out);
-                }
-                // recall's own error event (a broken stream, a reply not
-                // stored) or the upstream's.
-                Event::Chunk(delta) if delta.error().is_some() => {
-                    self.ended = true;
-                    let code = error_code(&event.data);
-                    let message = delta.error().unwrap_or("the stream failed");
-                    self.events.failed(&code, message, &mut out);
-                }
-                Event::Chunk(delta) => self.events.chunk(&delta, &mut out),
-                Event::Malformed => {}
-            }
+            self.apply(Event::parse(&event.data), &mut out);
         }
         out
     }
-}
 
-/// The `error.code` of an error event (rare: read as JSON).
-fn error_code(data: &str) -> String {
-    serde_json::from_str::<Value>(data)
-        .ok()
-        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| "server_error".to_owned())
+    fn apply(&mut self, event: Event, out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        match event {
+            Event::Done => {
+                self.ended = true;
+                self.events.finish(out);
+            }
+            // recall's own error event (a broken stream, a reply not
+            // stored) or the upstream's.
+            Event::Chunk(delta) if delta.error().is_some() => {
+                self.ended = true;
+                let code = delta.error_code().unwrap_or("server_error");
+                let message = delta.error().unwrap_or("the stream failed");
+                self.events.failed(code, message, out);
+            }
+            Event::Chunk(delta) => self.events.chunk(&delta, out),
+            Event::Malformed => {}
+        }
+    }
 }
 
 impl Stream for EventStream {
@@ -134,8 +144,7 @@ impl Stream for EventStream {
             }
             match std::task::ready!(Pin::new(&mut this.inner).poll_next(cx)) {
                 Some(Ok(bytes)) => {
-                    this.parser.feed(&bytes);
-                    let out = this.take();
+                    let out = this.translate(&bytes);
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(Bytes::from(out))));
                     }

@@ -25,6 +25,7 @@ use crate::api::PathParams;
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::chain;
 use crate::memory::session;
+use crate::proxy::relay::FrameEvents;
 use crate::server::app::App;
 
 pub async fn create(
@@ -106,12 +107,14 @@ pub async fn create(
         conversation.as_ref(),
     )
     .await?;
+    let frame_events = FrameEvents::default();
     let turn = Turn {
         arrival,
         body: chat_body,
         messages,
         session: Some(target),
         served: served.map(|Extension(s)| s),
+        frame_events: t.stream.then(|| frame_events.clone()),
     };
     let ran = chat::run(&app, turn).await?;
     let internal = ran.session.unwrap_or_default();
@@ -127,7 +130,7 @@ pub async fn create(
         store: t.store,
         fields,
     };
-    super::answer::translate(ran.response, echo, &model, t.stream).await
+    super::answer::translate(ran.response, echo, &model, t.stream, frame_events).await
 }
 
 /// The session the path form (`/sessions/{id}/v1/responses`) or the

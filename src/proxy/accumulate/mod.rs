@@ -79,9 +79,28 @@ pub struct Delta {
     function_call: Option<FunctionDe<'static>>,
     /// `Some` once choice 0 has a non-null `finish_reason`.
     finish_reason: Option<Option<String>>,
-    error: Option<String>,
+    /// Boxed: a chunk rarely has one.
+    error: Option<Box<ChunkError>>,
     /// The chunk's `usage` (with `stream_options.include_usage`, the last).
     usage: Option<Value>,
+}
+
+/// The `error` object of a chunk: its message (or the whole object, when
+/// it has none) and its `code`, when that is a string.
+#[derive(Debug, Clone, PartialEq)]
+struct ChunkError {
+    message: String,
+    code: Option<String>,
+}
+
+impl ChunkError {
+    fn of(err: &Value) -> Box<Self> {
+        let text = |k: &str| err.get(k).and_then(Value::as_str).map(str::to_owned);
+        Box::new(Self {
+            message: text("message").unwrap_or_else(|| err.to_string()),
+            code: text("code"),
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -165,7 +184,11 @@ impl Delta {
     }
 
     pub fn error(&self) -> Option<&str> {
-        self.error.as_deref()
+        self.error.as_ref().map(|e| e.message.as_str())
+    }
+
+    pub fn error_code(&self) -> Option<&str> {
+        self.error.as_ref()?.code.as_deref()
     }
 
     pub fn usage(&self) -> Option<&Value> {
@@ -198,9 +221,7 @@ impl Delta {
             })
         };
         let mut delta = Delta {
-            error: chunk
-                .get("error")
-                .map(|err| text(err.get("message")).unwrap_or_else(|| err.to_string())),
+            error: chunk.get("error").map(ChunkError::of),
             usage: chunk.get("usage").filter(|u| u.is_object()).cloned(),
             ..Delta::default()
         };
@@ -245,10 +266,7 @@ impl Event {
                 .map_or(Event::Malformed, |v| Event::Chunk(Delta::from_value(&v)));
         };
         let mut delta = Delta {
-            error: chunk.error.map(|err| {
-                let msg = err.get("message").and_then(Value::as_str);
-                msg.map_or_else(|| err.to_string(), str::to_owned)
-            }),
+            error: chunk.error.as_ref().map(ChunkError::of),
             usage: chunk.usage.filter(Value::is_object),
             ..Delta::default()
         };
@@ -315,8 +333,8 @@ impl ReplyAccumulator {
     }
 
     fn push_delta(&mut self, delta: &Delta) {
-        if let Some(err) = &delta.error {
-            self.error = Some(err.clone());
+        if let Some(err) = delta.error() {
+            self.error = Some(err.to_owned());
         }
         if let Some(reason) = &delta.finish_reason {
             self.finished = true;

@@ -12,6 +12,8 @@
 
 mod stream;
 
+pub use stream::FrameEvents;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -59,6 +61,9 @@ pub struct Exchange {
     /// it (`App::upstream_slot`): awaited before the call, then held to
     /// the end, drain included.
     pub slot: Option<Acquire>,
+    /// For a streamed answer whose body is read again inside recall: the
+    /// events parsed from each frame, handed along (`FrameEvents`).
+    pub frame_events: Option<FrameEvents>,
 }
 
 /// When the upstream was called and when its answer was in, for the

@@ -36,6 +36,32 @@ use crate::store::StorageError;
 /// would grow the parser's buffer until the process ran out of memory.
 const MAX_EVENT_BYTES: usize = 8 << 20;
 
+/// The events the relay parsed from the last frame its body handed out, for
+/// a reader of that body that needs them too (the Responses API's
+/// translation), so that each chunk is parsed once. A frame recall wrote
+/// itself (an error event, the cache's answer) has none: its reader parses
+/// it. The frame's bytes are kept with the events so that the reader uses
+/// them only for the very frame it holds.
+#[derive(Clone, Default)]
+pub struct FrameEvents(Arc<Mutex<Option<Frame>>>);
+
+/// A frame's bytes and the events parsed from them.
+type Frame = (Bytes, Vec<Event>);
+
+impl FrameEvents {
+    fn put(&self, frame: &Bytes, events: Vec<Event>) {
+        *lock(&self.0) = Some((frame.clone(), events));
+    }
+
+    /// The events of `frame`, if the relay parsed it (the same bytes, not
+    /// equal ones).
+    pub fn take(&self, frame: &Bytes) -> Option<Vec<Event>> {
+        let (bytes, events) = lock(&self.0).take()?;
+        let same = bytes.as_ptr() == frame.as_ptr() && bytes.len() == frame.len();
+        same.then_some(events)
+    }
+}
+
 /// Gives the client its streamed response, then waits for it to end. If the
 /// reply is cut first, drains the upstream.
 pub(super) async fn relay(
@@ -57,6 +83,7 @@ pub(super) async fn relay(
         metrics: Arc::clone(&ex.metrics),
         called: timing.called,
         first_token: true,
+        frame_events: ex.frame_events.clone(),
         holding: None,
         ended: false,
         _gone: body_gone,
@@ -187,9 +214,12 @@ struct RelayBody<S> {
     /// When the upstream was called, for the time to the first token.
     called: Instant,
     first_token: bool,
-    /// The end, waiting for its record to be durable: the last chunk (or
-    /// `None` for the end of the stream) and the durability future.
-    holding: Option<(Option<Bytes>, Durable)>,
+    /// Where the events of each frame go, for a reader that wants them.
+    frame_events: Option<FrameEvents>,
+    /// The end, waiting for its record to be durable: the last chunk and
+    /// its events (or `None` for the end of the stream) and the
+    /// durability future.
+    holding: Option<(Option<Frame>, Durable)>,
     ended: bool,
     /// Dropped with the body: wakes the exchange's task.
     _gone: oneshot::Sender<()>,
@@ -209,8 +239,20 @@ impl<S> RelayBody<S> {
         Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))))
     }
 
+    /// A frame of the upstream's, with the events parsed from it.
+    fn pass(
+        &self,
+        bytes: Bytes,
+        events: Vec<Event>,
+    ) -> Poll<Option<Result<Bytes, std::io::Error>>> {
+        if let Some(to) = &self.frame_events {
+            to.put(&bytes, events);
+        }
+        Poll::Ready(Some(Ok(bytes)))
+    }
+
     /// The reply's end goes out once its record is durable.
-    fn hold_end(&mut self, last: Option<Bytes>) {
+    fn hold_end(&mut self, last: Option<Frame>) {
         let durable = self.flight.delivered().boxed();
         self.holding = Some((last, durable));
     }
@@ -232,10 +274,13 @@ impl<S> RelayBody<S> {
             self.ended = true;
             return Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))));
         }
-        if last.is_none() {
-            self.ended = true;
+        match last {
+            Some((bytes, events)) => self.pass(bytes, events),
+            None => {
+                self.ended = true;
+                Poll::Ready(None)
+            }
         }
-        Poll::Ready(last.map(Ok))
     }
 }
 
@@ -276,9 +321,9 @@ where
                             .first_token(&this.upstream.name, this.called.elapsed());
                     }
                     if !events.contains(&Event::Done) {
-                        return Poll::Ready(Some(Ok(bytes)));
+                        return this.pass(bytes, events);
                     }
-                    this.hold_end(Some(bytes));
+                    this.hold_end(Some((bytes, events)));
                 }
                 Step::Finished => {
                     drop(slot);
@@ -317,4 +362,23 @@ impl<S> Drop for RelayBody<S> {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_events_are_given_for_the_very_frame_they_were_parsed_from_once() {
+        let tap = FrameEvents::default();
+        let frame = Bytes::from_static(b"data: [DONE]\n\n");
+        tap.put(&frame, vec![Event::Done]);
+        assert_eq!(tap.take(&frame), Some(vec![Event::Done]));
+        assert_eq!(tap.take(&frame), None, "taken twice");
+        // Equal bytes elsewhere (a frame recall wrote) are parsed by the reader.
+        tap.put(&frame, vec![Event::Done]);
+        let copy = Bytes::copy_from_slice(&frame);
+        assert_eq!(tap.take(&copy), None);
+        assert_eq!(tap.take(&frame), None, "a miss clears what was put");
+    }
 }
