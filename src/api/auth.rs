@@ -64,7 +64,7 @@ impl ClientKeys {
             .filter(|k| !k.is_empty())
             .map(|k| {
                 let digest = digest(k);
-                let tenant: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+                let tenant = hex::encode(&digest[..8]);
                 (digest, Arc::from(tenant))
             })
             .collect();

@@ -133,7 +133,7 @@ fn new_request_id() -> String {
         use ring::rand::SecureRandom;
         let mut bytes = [0u8; 6];
         let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(bytes)
     });
     format!("req_{prefix}{:08x}", NEXT.fetch_add(1, Ordering::Relaxed))
 }

@@ -68,7 +68,7 @@ fn new_token() -> String {
     // The system's randomness failing is not something a page can fix;
     // a zero token then fails every check (see `csrf_ok`).
     let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
-    super::gate::hex(&bytes)
+    hex::encode(bytes)
 }
 
 fn well_formed(token: &str) -> bool {

@@ -323,6 +323,5 @@ fn owned(ranked: Vec<(&Record, f32)>) -> Vec<(Record, f32)> {
 pub fn record_id() -> String {
     let mut bytes = [0u8; 12];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("mem_{hex}")
+    format!("mem_{}", hex::encode(bytes))
 }

@@ -21,7 +21,7 @@ fn random_hex(n: usize) -> String {
         bytes = [at.to_be_bytes(), k.to_be_bytes()].concat();
         bytes.truncate(n);
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// A new session's id for a response chain (`chain_...`) or a
