@@ -1653,7 +1653,7 @@ async fn turn_by_turn(target: &Target, sessions: usize, turns: usize, round: usi
 
 /// The mock's `/v1/embeddings`: recall's own mock embedding of each input
 /// (`proxy::mock::embed`, 256 dimensions, a bag of words), so that a
-/// search finds records by their words.
+/// search finds records by their words; in the `encoding_format` asked.
 fn mock_embeddings(body: &[u8]) -> Response {
     EMBED_CALLS.fetch_add(1, Ordering::Relaxed);
     let asked: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
@@ -1665,7 +1665,10 @@ fn mock_embeddings(body: &[u8]) -> Response {
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()
-        .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": embed::embedding(t)}))
+        .map(|(i, t)| {
+            let v = embed::encoded(&embed::embedding(t), &asked["encoding_format"]);
+            json!({"object": "embedding", "index": i, "embedding": v})
+        })
         .collect();
     let reply = json!({"object": "list", "data": data, "model": asked["model"],
         "usage": {"prompt_tokens": inputs.len(), "total_tokens": inputs.len()}});

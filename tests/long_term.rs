@@ -177,6 +177,38 @@ fn embedding_calls(h: &Harness) -> usize {
         .count()
 }
 
+/// Vectors come as base64 unless the config asks for floats (a server
+/// that refuses base64); either way the same facts are stored and recalled.
+#[tokio::test]
+async fn embeddings_are_asked_for_as_base64_or_as_configured_and_read_either_way() {
+    for (extra, format) in [("", "base64"), ("embedding_encoding = \"float\"", "float")] {
+        let h = told_then_asked(extra).await;
+        say(&h, "ana", "s2", "What snack should I bring?").await;
+        assert_eq!(searched(&h, "s2").await, vec![PEANUTS], "{format}");
+        let asked: Vec<Value> = h
+            .upstream
+            .received()
+            .iter()
+            .filter(|r| r.path.ends_with("/embeddings"))
+            .map(|r| r.body["encoding_format"].clone())
+            .collect();
+        assert!(!asked.is_empty());
+        assert!(asked.iter().all(|f| f == format), "{asked:?}");
+    }
+    let bad = recall::Config::parse(
+        &config("embedding_encoding = \"binary\""),
+        std::path::Path::new("t.toml"),
+    );
+    let Err(why) = bad else {
+        panic!("an unknown encoding is accepted")
+    };
+    let why = why.to_string();
+    assert!(
+        why.contains("embedding_encoding") || why.contains("binary"),
+        "{why}"
+    );
+}
+
 #[tokio::test]
 async fn a_user_with_no_records_costs_no_embedding_call() {
     let h = harness("").await;

@@ -62,6 +62,26 @@ pub enum Retrieve {
     Inline,
 }
 
+/// How the embedding model is asked to write its vectors
+/// (`encoding_format`). Base64 (little-endian f32s, as OpenAI's and the
+/// official SDKs' default) is a quarter of the bytes and no number parsing;
+/// `float` is for a server that refuses it. Either answer is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmbeddingEncoding {
+    Base64,
+    Float,
+}
+
+impl EmbeddingEncoding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Base64 => "base64",
+            Self::Float => "float",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LongTermConfig {
@@ -71,6 +91,7 @@ pub struct LongTermConfig {
     /// The model that embeds facts and queries, called on its upstream's
     /// `/v1/embeddings`.
     pub embedding_model: Option<String>,
+    pub embedding_encoding: EmbeddingEncoding,
     /// None: one `semantic` strategy.
     pub strategies: Vec<Strategy>,
     /// Extraction runs every this many turns, and when a session ends.
@@ -101,6 +122,7 @@ impl Default for LongTermConfig {
             enabled: false,
             extract_model: None,
             embedding_model: None,
+            embedding_encoding: EmbeddingEncoding::Base64,
             strategies: Vec::new(),
             extract_every_turns: 3,
             merge_threshold: 0.92,

@@ -1,14 +1,20 @@
 //! The embedding model: `EmbeddingModel`, and its implementation over a
-//! configured upstream's `/v1/embeddings` (OpenAI's shape, floats).
+//! configured upstream's `/v1/embeddings` (OpenAI's shape, vectors as
+//! base64 or as lists of numbers).
 
+use std::fmt;
 use std::sync::Arc;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use futures_util::future::BoxFuture;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::chat::call;
 use super::ModelError;
+use crate::config::EmbeddingEncoding;
 use crate::proxy::upstream::Upstream;
 
 /// A model that turns texts into vectors, one per text, in order.
@@ -20,6 +26,7 @@ pub trait EmbeddingModel: Send + Sync {
 pub struct UpstreamEmbedding {
     pub upstream: Arc<Upstream>,
     pub model: String,
+    pub encoding: EmbeddingEncoding,
 }
 
 impl EmbeddingModel for UpstreamEmbedding {
@@ -30,7 +37,8 @@ impl EmbeddingModel for UpstreamEmbedding {
     fn embed(&self, texts: Vec<String>) -> BoxFuture<'_, Result<Vec<Vec<f32>>, ModelError>> {
         Box::pin(async move {
             let n = texts.len();
-            let body = json!({"model": self.model, "input": texts, "encoding_format": "float"});
+            let format = self.encoding.as_str();
+            let body = json!({"model": self.model, "input": texts, "encoding_format": format});
             let bytes = call(&self.upstream, Some("/embeddings"), &body).await?;
             vectors(&bytes, n)
         })
@@ -43,6 +51,8 @@ impl EmbeddingModel for UpstreamEmbedding {
 /// of JSON values cost a `Value` per number (1,536 of them for an OpenAI
 /// embedding) and most of a long-term turn's parse time. An answer the
 /// typed reading refuses is read as values, which says what is wrong.
+/// A vector is a list of numbers or, for `encoding_format: "base64"`, its
+/// little-endian f32s in base64 (a server may answer either way).
 pub(crate) fn vectors(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
     match serde_json::from_slice::<Answer>(body) {
         Ok(answer) => place(
@@ -50,7 +60,7 @@ pub(crate) fn vectors(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError
                 .data
                 .into_iter()
                 .enumerate()
-                .map(|(i, item)| Ok((item.index.unwrap_or(i), item.embedding))),
+                .map(|(i, item)| Ok((item.index.unwrap_or(i), item.embedding.0))),
             n,
         ),
         Err(_) => checked(body, n),
@@ -66,7 +76,50 @@ struct Answer {
 struct Item {
     #[serde(default)]
     index: Option<usize>,
-    embedding: Vec<f32>,
+    embedding: Vector,
+}
+
+/// An answer's vector, from either of its forms.
+struct Vector(Vec<f32>);
+
+impl<'de> Deserialize<'de> for Vector {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> Visitor<'de> for Either {
+            type Value = Vector;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of numbers or a base64 string")
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Vector, E> {
+                decoded(s).map(Vector).map_err(E::custom)
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vector, A::Error> {
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(x) = seq.next_element::<f32>()? {
+                    v.push(x);
+                }
+                Ok(Vector(v))
+            }
+        }
+        d.deserialize_any(Either)
+    }
+}
+
+/// A base64 vector: little-endian f32s.
+fn decoded(text: &str) -> Result<Vec<f32>, String> {
+    let bytes = STANDARD
+        .decode(text)
+        .map_err(|e| format!("not base64: {e}"))?;
+    if bytes.len() % 4 != 0 {
+        return Err(format!("{} bytes of base64 are not f32s", bytes.len()));
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }
 
 fn bad(why: String) -> ModelError {
@@ -82,13 +135,15 @@ fn checked(body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, ModelError> {
         .ok_or_else(|| bad("no `data` list".into()))?;
     let items = data.iter().enumerate().map(|(i, item)| {
         let index = item["index"].as_u64().map_or(i, |x| x as usize);
-        let vector = item["embedding"]
-            .as_array()
-            .ok_or_else(|| bad(format!("item {i} has no `embedding` list")))?
-            .iter()
-            .map(|x| x.as_f64().map(|f| f as f32))
-            .collect::<Option<Vec<f32>>>()
-            .ok_or_else(|| bad(format!("item {i} holds something other than numbers")))?;
+        let vector = match &item["embedding"] {
+            Value::String(text) => decoded(text).map_err(|why| bad(format!("item {i}: {why}")))?,
+            Value::Array(list) => list
+                .iter()
+                .map(|x| x.as_f64().map(|f| f as f32))
+                .collect::<Option<Vec<f32>>>()
+                .ok_or_else(|| bad(format!("item {i} holds something other than numbers")))?,
+            _ => return Err(bad(format!("item {i} has no `embedding`"))),
+        };
         Ok((index, vector))
     });
     place(items, n)
@@ -150,10 +205,28 @@ mod tests {
     }
 
     #[test]
+    fn a_base64_vector_reads_as_its_numbers() {
+        use crate::proxy::mock::embed::encoded;
+        let v = vec![1e-3, -2.25, f32::MIN_POSITIVE, 7.0];
+        let b64 = encoded(&v, &json!("base64"));
+        assert!(b64.is_string());
+        assert_eq!(encoded(&v, &json!("float")), json!(v));
+        let body =
+            json!({"data": [{"index": 1, "embedding": b64}, {"index": 0, "embedding": [1]}]});
+        let read = vectors(body.to_string().as_bytes(), 2).unwrap();
+        assert_eq!(read, vec![vec![1.0], v.clone()]);
+        // The checked reading (here for the out-of-place index) reads it too.
+        let body = json!({"data": [{"index": "x", "embedding": b64}, {"embedding": "A"}]});
+        assert!(refused(&body.to_string(), 2).contains("item 1: not base64"));
+    }
+
+    #[test]
     fn a_malformed_answer_says_what_is_wrong() {
         assert!(refused("[]", 1).contains("no `data` list"));
         assert!(refused(r#"{"data":[{"embedding":[1]}]}"#, 2).contains("1 vectors for 2 texts"));
-        assert!(refused(r#"{"data":[{"embedding":"AAAA"}]}"#, 1).contains("no `embedding` list"));
+        assert!(refused(r#"{"data":[{"embedding":{}}]}"#, 1).contains("no `embedding`"));
+        assert!(refused(r#"{"data":[{"embedding":"AAAA"}]}"#, 1).contains("3 bytes"));
+        assert!(refused(r#"{"data":[{"embedding":"A?"}]}"#, 1).contains("not base64"));
         assert!(refused(r#"{"data":[{"embedding":[1,"a"]}]}"#, 1).contains("other than numbers"));
         assert!(refused(r#"{"data":[{"embedding":[]}]}"#, 1).contains("is empty"));
         let twice = r#"{"data":[{"index":0,"embedding":[1]},{"index":0,"embedding":[2]}]}"#;

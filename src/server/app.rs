@@ -83,6 +83,7 @@ fn long_term(
         embedder: Arc::new(UpstreamEmbedding {
             upstream: Arc::clone(upstreams.route(embed)?),
             model: embed.clone(),
+            encoding: c.embedding_encoding,
         }),
         records: Arc::clone(records),
         storage: Arc::clone(&policy.storage),

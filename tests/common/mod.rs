@@ -321,7 +321,11 @@ async fn long_term_answer(state: &MockState, path: &str, body: &Value) -> Option
         let data: Vec<Value> = inputs
             .iter()
             .enumerate()
-            .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": recall::proxy::mock::embed::embedding(t)}))
+            .map(|(i, t)| {
+                use recall::proxy::mock::embed;
+                let v = embed::encoded(&embed::embedding(t), &body["encoding_format"]);
+                json!({"object": "embedding", "index": i, "embedding": v})
+            })
             .collect();
         let body = json!({"object": "list", "data": data, "model": EMBEDDER,
                           "usage": {"prompt_tokens": 1, "total_tokens": 1}});

@@ -7,6 +7,8 @@
 //! that "what snack should I bring?" is near "I am allergic to peanuts"
 //! (both are about food) and far from "I live in Hanoi".
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::memory::long_term::headings::EXTRACT_HEADING;
@@ -85,6 +87,16 @@ const TOPICS: &[(&str, &[&str])] = &[
     ),
     ("name", &["name", "called", "call"]),
 ];
+
+/// A vector as `/v1/embeddings` writes it for the request's
+/// `encoding_format`: `"base64"`, its little-endian f32s; else numbers.
+pub fn encoded(v: &[f32], format: &Value) -> Value {
+    if format == "base64" {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        return Value::String(STANDARD.encode(bytes));
+    }
+    json!(v)
+}
 
 /// The mock embedding of `text`: unit length, or all zeros for a text of
 /// stop words only.

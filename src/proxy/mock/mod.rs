@@ -180,7 +180,7 @@ fn error(status: StatusCode, message: &str) -> Response {
 }
 
 /// `/v1/embeddings`: `input` a string or a list of them; the mock's
-/// embeddings (`embed::embedding`) as floats.
+/// embeddings (`embed::embedding`) in the `encoding_format` asked for.
 async fn embeddings(body: Bytes) -> Response {
     let Ok(request) = serde_json::from_slice::<Value>(&body) else {
         return error(StatusCode::BAD_REQUEST, "the body is not JSON");
@@ -201,7 +201,10 @@ async fn embeddings(body: Bytes) -> Response {
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()
-        .map(|(i, t)| json!({"object": "embedding", "index": i, "embedding": embed::embedding(t)}))
+        .map(|(i, t)| {
+            let v = embed::encoded(&embed::embedding(t), &request["encoding_format"]);
+            json!({"object": "embedding", "index": i, "embedding": v})
+        })
         .collect();
     axum::Json(json!({
         "object": "list", "data": data,
