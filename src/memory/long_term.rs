@@ -92,34 +92,58 @@ fn unfenced(text: &str) -> &str {
 /// Cosine similarity of two vectors, -1 to 1; 0 when either is all zeros
 /// or their lengths differ (another embedding model's vector).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    Probe::new(b).cosine(a)
+}
+
+/// A vector many records are scored against (a query, a new fact): its
+/// norm is summed once, not again for every record.
+pub struct Probe<'a> {
+    v: &'a [f32],
+    norm: f64,
+}
+
+impl<'a> Probe<'a> {
+    pub fn new(v: &'a [f32]) -> Self {
+        Self {
+            v,
+            norm: dot_and_norm(v, v).0.sqrt(),
+        }
+    }
+
+    /// `cosine(record, probe)`.
+    pub fn cosine(&self, record: &[f32]) -> f32 {
+        if record.len() != self.v.len() || record.is_empty() {
+            return 0.0;
+        }
+        let (dot, nr) = dot_and_norm(record, self.v);
+        if nr == 0.0 || self.norm == 0.0 {
+            return 0.0;
+        }
+        (dot / (nr.sqrt() * self.norm)).clamp(-1.0, 1.0) as f32
+    }
+}
+
+/// `a · b` and `a · a`, for vectors of one length.
+fn dot_and_norm(a: &[f32], b: &[f32]) -> (f64, f64) {
     // Every search and every merge scores each of the user's records:
     // independent lanes let the sums run side by side (and in SIMD), where
     // one running sum waited on itself at every element.
     const LANES: usize = 8;
-    if a.len() != b.len() || a.is_empty() {
-        return 0.0;
-    }
-    let (mut dot, mut na, mut nb) = ([0f32; LANES], [0f32; LANES], [0f32; LANES]);
+    let (mut dot, mut na) = ([0f32; LANES], [0f32; LANES]);
     let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let tail = a8.remainder().iter().zip(b8.remainder());
     for (x, y) in a8.zip(b8) {
         for k in 0..LANES {
             dot[k] += x[k] * y[k];
             na[k] += x[k] * x[k];
-            nb[k] += y[k] * y[k];
         }
     }
     for (k, (x, y)) in tail.enumerate() {
         dot[k] += x * y;
         na[k] += x * x;
-        nb[k] += y * y;
     }
     let sum = |lanes: [f32; LANES]| lanes.iter().map(|&x| f64::from(x)).sum::<f64>();
-    let (dot, na, nb) = (sum(dot), sum(na), sum(nb));
-    if na == 0.0 || nb == 0.0 {
-        return 0.0;
-    }
-    (dot / (na.sqrt() * nb.sqrt())).clamp(-1.0, 1.0) as f32
+    (sum(dot), sum(na))
 }
 
 /// What storing a new fact does: update the closest record of its
@@ -131,11 +155,12 @@ pub enum Merge {
 }
 
 pub fn merge(known: &[Record], namespace: &str, embedding: &[f32], threshold: f32) -> Merge {
+    let probe = Probe::new(embedding);
     known
         .iter()
         .enumerate()
         .filter(|(_, r)| r.namespace == namespace)
-        .map(|(i, r)| (i, cosine(&r.embedding, embedding)))
+        .map(|(i, r)| (i, probe.cosine(&r.embedding)))
         .filter(|&(_, score)| score >= threshold)
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map_or(Merge::Add, |(index, score)| Merge::Update { index, score })
@@ -149,9 +174,10 @@ pub fn rank<'a>(
     limit: usize,
     threshold: f32,
 ) -> Vec<(&'a Record, f32)> {
+    let probe = Probe::new(query);
     let mut scored: Vec<(&Record, f32)> = records
         .iter()
-        .map(|r| (r, cosine(&r.embedding, query)))
+        .map(|r| (r, probe.cosine(&r.embedding)))
         .filter(|&(_, s)| s >= threshold)
         .collect();
     scored.sort_by(|a, b| {
@@ -226,6 +252,7 @@ pub fn plan(
     let mut updated: HashMap<usize, Record> = HashMap::new();
     let mut added: Vec<Record> = Vec::new();
     for f in facts {
+        let probe = Probe::new(&f.embedding);
         let closest = {
             let known = known
                 .iter()
@@ -235,7 +262,7 @@ pub fn plan(
             known
                 .chain(added)
                 .filter(|(_, r)| r.namespace == f.namespace)
-                .map(|(slot, r)| (slot, cosine(&r.embedding, &f.embedding)))
+                .map(|(slot, r)| (slot, probe.cosine(&r.embedding)))
                 .filter(|&(_, score)| score >= threshold)
                 .max_by(|a, b| a.1.total_cmp(&b.1))
                 .map(|(slot, _)| slot)
