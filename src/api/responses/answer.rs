@@ -16,7 +16,7 @@ use serde_json::Value;
 use sse_parse::SseParser;
 
 use super::events::Events;
-use super::response::{from_completion, Echo};
+use super::response::{of_completion, Echo};
 use crate::error::ApiError;
 use crate::proxy::accumulate::Event;
 use crate::proxy::relay::FrameEvents;
@@ -64,7 +64,7 @@ pub async fn translate(
         ApiError::Internal
     })?;
     let body =
-        serde_json::to_vec(&from_completion(&completion, &echo)).map_err(|_| ApiError::Internal)?;
+        serde_json::to_vec(&of_completion(&completion, &echo)).map_err(|_| ApiError::Internal)?;
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

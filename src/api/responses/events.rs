@@ -15,7 +15,9 @@
 //!
 //! A delta, which every streamed token makes, is written from a typed
 //! struct that borrows its text (the chunk was parsed once, typed, by
-//! `accumulate::Event`); the rare events are built as JSON values.
+//! `accumulate::Event`); so are the events that carry the whole Response
+//! (`response::Written`), which open and end every stream; the other rare
+//! events are built as JSON values.
 
 use std::io::Write;
 
@@ -23,7 +25,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::ids;
-use super::response::{usage, Echo};
+use super::response::{usage, Echo, Written};
 use crate::proxy::accumulate::Delta;
 
 /// The stream of one response.
@@ -170,15 +172,38 @@ impl Events {
         write_sse(out, kind, &fields);
     }
 
-    /// The Response as it stands.
-    pub fn response(&self, status: &str, incomplete: Value, error: Value) -> Value {
-        let mut r = super::response::from_completion(&json!({"model": self.model}), &self.echo);
-        r["status"] = json!(status);
-        r["incomplete_details"] = incomplete;
-        r["error"] = error;
-        r["output"] = Value::Array(self.items.iter().map(Item::json).collect());
-        r["usage"] = self.usage.clone();
-        r
+    /// An event that carries the Response as it stands.
+    fn response_event(
+        &mut self,
+        out: &mut Vec<u8>,
+        kind: &str,
+        status: &str,
+        incomplete: Value,
+        error: Value,
+    ) {
+        #[derive(Serialize)]
+        struct WithResponse<'a, R> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            response: R,
+            sequence_number: u64,
+        }
+        let sequence_number = self.seq();
+        let response = Written {
+            echo: &self.echo,
+            model: &self.model,
+            status,
+            incomplete,
+            error,
+            output: self.items.iter().map(Item::json).collect::<Vec<_>>(),
+            usage: self.usage.clone(),
+        };
+        let event = WithResponse {
+            kind,
+            response,
+            sequence_number,
+        };
+        write_sse(out, kind, &event);
     }
 
     /// The upstream said how its reply finished (`finish_reason`).
@@ -188,9 +213,9 @@ impl Events {
 
     /// The events that open the stream.
     pub fn start(&mut self, out: &mut Vec<u8>) {
-        let r = self.response("in_progress", Value::Null, Value::Null);
-        self.event(out, "response.created", json!({"response": r.clone()}));
-        self.event(out, "response.in_progress", json!({"response": r}));
+        for kind in ["response.created", "response.in_progress"] {
+            self.response_event(out, kind, "in_progress", Value::Null, Value::Null);
+        }
     }
 
     /// The events one `chat.completion.chunk` completes.
@@ -424,22 +449,26 @@ impl Events {
             ),
             _ => ("response.completed", "completed", Value::Null),
         };
-        let r = self.response(status, incomplete, Value::Null);
-        self.event(out, kind, json!({"response": r}));
+        self.response_event(out, kind, status, incomplete, Value::Null);
     }
 
     /// The events that end a stream cut short: by the client, a newer
     /// request or the interrupt endpoint (`reason` "interrupted").
     pub fn incomplete(&mut self, reason: &str, out: &mut Vec<u8>) {
         self.close_all(out);
-        let r = self.response("incomplete", json!({"reason": reason}), Value::Null);
-        self.event(out, "response.incomplete", json!({"response": r}));
+        let incomplete = json!({"reason": reason});
+        self.response_event(
+            out,
+            "response.incomplete",
+            "incomplete",
+            incomplete,
+            Value::Null,
+        );
     }
 
     /// The event that ends a stream the upstream failed.
     pub fn failed(&mut self, code: &str, message: &str, out: &mut Vec<u8>) {
         let error = json!({"code": code, "message": message});
-        let r = self.response("failed", Value::Null, error);
-        self.event(out, "response.failed", json!({"response": r}));
+        self.response_event(out, "response.failed", "failed", Value::Null, error);
     }
 }

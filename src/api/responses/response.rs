@@ -1,6 +1,8 @@
 //! A chat completion as a Response object (issue 17). Pure: the ids and
 //! the request's echoed fields come in, the Response goes out.
 
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::ids;
@@ -42,6 +44,11 @@ pub const ECHOED: &[&str] = &[
 
 /// The Response for a chat completion (its first choice).
 pub fn from_completion(completion: &Value, echo: &Echo) -> Value {
+    serde_json::to_value(of_completion(completion, echo)).unwrap_or_default()
+}
+
+/// `from_completion`, to be written straight out.
+pub fn of_completion<'a>(completion: &'a Value, echo: &'a Echo) -> Written<'a, Vec<Value>> {
     let choice = &completion["choices"][0];
     let message = &choice["message"];
     let mut output = Vec::new();
@@ -75,49 +82,94 @@ pub fn from_completion(completion: &Value, echo: &Echo) -> Value {
         Some("content_filter") => ("incomplete", json!({"reason": "content_filter"})),
         _ => ("completed", Value::Null),
     };
-    let mut response = Map::new();
-    response.insert("id".into(), json!(echo.id));
-    response.insert("object".into(), json!("response"));
-    response.insert("created_at".into(), json!(echo.created_at));
-    response.insert("status".into(), json!(status));
-    response.insert("error".into(), Value::Null);
-    response.insert("incomplete_details".into(), incomplete);
-    response.insert("model".into(), completion["model"].clone());
-    response.insert("output".into(), Value::Array(output));
-    response.insert("usage".into(), usage(&completion["usage"]));
-    response.insert(
-        "previous_response_id".into(),
-        json!(echo.previous_response_id),
-    );
-    response.insert(
-        "conversation".into(),
-        echo.conversation
-            .as_ref()
-            .map_or(Value::Null, |id| json!({"id": id})),
-    );
-    response.insert("instructions".into(), json!(echo.instructions));
-    response.insert(
-        "metadata".into(),
-        echo.metadata.clone().unwrap_or_else(|| json!({})),
-    );
-    response.insert("store".into(), json!(echo.store));
-    for key in ECHOED {
-        let value = echo.fields.get(*key).cloned();
-        response.insert((*key).into(), value.unwrap_or_else(|| default_of(key)));
+    Written {
+        echo,
+        model: &completion["model"],
+        status,
+        incomplete,
+        error: Value::Null,
+        output,
+        usage: usage(&completion["usage"]),
     }
-    Value::Object(response)
+}
+
+/// A Response as it is written: the echo and what the reply gave. Written
+/// field by field, where a `Value` tree cost a map of two dozen entries
+/// (most of them the echo's defaults) per response, and on a stream two
+/// such trees to open it and one to end it.
+pub struct Written<'a, O> {
+    pub echo: &'a Echo,
+    pub model: &'a Value,
+    pub status: &'a str,
+    pub incomplete: Value,
+    pub error: Value,
+    pub output: O,
+    pub usage: Value,
+}
+
+impl<O: Serialize> Serialize for Written<'_, O> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let e = self.echo;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("id", &e.id)?;
+        m.serialize_entry("object", "response")?;
+        m.serialize_entry("created_at", &e.created_at)?;
+        m.serialize_entry("status", self.status)?;
+        m.serialize_entry("error", &self.error)?;
+        m.serialize_entry("incomplete_details", &self.incomplete)?;
+        m.serialize_entry("model", self.model)?;
+        m.serialize_entry("output", &self.output)?;
+        m.serialize_entry("usage", &self.usage)?;
+        m.serialize_entry("previous_response_id", &e.previous_response_id)?;
+        let conversation = e.conversation.as_deref().map(|id| Id { id });
+        m.serialize_entry("conversation", &conversation)?;
+        m.serialize_entry("instructions", &e.instructions)?;
+        match &e.metadata {
+            Some(md) => m.serialize_entry("metadata", md)?,
+            None => m.serialize_entry("metadata", &Map::new())?,
+        }
+        m.serialize_entry("store", &e.store)?;
+        for key in ECHOED {
+            match e.fields.get(*key) {
+                Some(v) => m.serialize_entry(key, v)?,
+                None => m.serialize_entry(key, &DefaultOf(key))?,
+            }
+        }
+        m.end()
+    }
+}
+
+#[derive(Serialize)]
+struct Id<'a> {
+    id: &'a str,
 }
 
 /// What OpenAI's Response says for a field the request left out.
-fn default_of(key: &str) -> Value {
-    match key {
-        "tools" => json!([]),
-        "tool_choice" => json!("auto"),
-        "parallel_tool_calls" => json!(true),
-        "text" => json!({"format": {"type": "text"}}),
-        "truncation" => json!("disabled"),
-        "temperature" | "top_p" => json!(1.0),
-        _ => Value::Null,
+struct DefaultOf<'a>(&'a str);
+
+impl Serialize for DefaultOf<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Format {
+            #[serde(rename = "type")]
+            kind: &'static str,
+        }
+        #[derive(Serialize)]
+        struct Text {
+            format: Format,
+        }
+        match self.0 {
+            "tools" => s.collect_seq(std::iter::empty::<()>()),
+            "tool_choice" => s.serialize_str("auto"),
+            "parallel_tool_calls" => s.serialize_bool(true),
+            "text" => Text {
+                format: Format { kind: "text" },
+            }
+            .serialize(s),
+            "truncation" => s.serialize_str("disabled"),
+            "temperature" | "top_p" => s.serialize_f64(1.0),
+            _ => s.serialize_unit(),
+        }
     }
 }
 
