@@ -1215,10 +1215,13 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         if !wanted(&resp.name) {
             continue;
         }
-        seed(&memory, chat.sessions, chat.history).await;
         let mut runs: [Vec<Figures>; 2] = [Vec::new(), Vec::new()];
         for _ in 0..repeat {
             for (i, s) in [&chat, &resp].into_iter().enumerate() {
+                // Each run starts from the same 10 stored messages: the
+                // runs before it grow the sessions, and a later run would
+                // send a fuller window (20) than an earlier one.
+                seed(&memory, s.sessions, s.history).await;
                 warm_up(&memory, s).await;
                 let mut st = open_loop(&memory, s).await;
                 runs[i].push(figures(&memory.name, &s.name, &mut st));
