@@ -308,11 +308,8 @@ fn events(body: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_stream_comes_as_responses_events_in_order_and_is_stored() {
-    let h = Harness::default().await;
-    h.upstream
-        .push(sse_text(&["Hel", "lo ", "there"], Duration::from_millis(5)));
+/// A streamed response to "hi": its body and its events.
+async fn streamed(h: &Harness) -> (String, Vec<(String, Value)>) {
     let resp = h
         .client
         .post(format!("{}/v1/responses", h.url))
@@ -322,8 +319,17 @@ async fn a_stream_comes_as_responses_events_in_order_and_is_stored() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     let body = resp.text().await.unwrap();
-    assert!(!body.contains("[DONE]"));
     let evs = events(&body);
+    (body, evs)
+}
+
+#[tokio::test]
+async fn a_stream_comes_as_responses_events_in_order_and_is_stored() {
+    let h = Harness::default().await;
+    h.upstream
+        .push(sse_text(&["Hel", "lo ", "there"], Duration::from_millis(5)));
+    let (body, evs) = streamed(&h).await;
+    assert!(!body.contains("[DONE]"));
     let kinds: Vec<&str> = evs.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         kinds,
@@ -393,16 +399,7 @@ async fn a_stream_whose_upstream_fails_ends_in_response_failed_with_its_code() {
         (upstream_error, "server_overloaded", "overloaded"),
     ] {
         h.upstream.push(reply);
-        let resp = h
-            .client
-            .post(format!("{}/v1/responses", h.url))
-            .json(&json!({"model": "m", "input": "hi", "stream": true}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let body = resp.text().await.unwrap();
-        let evs = events(&body);
+        let (body, evs) = streamed(&h).await;
         let deltas: String = evs
             .iter()
             .filter(|(k, _)| k == "response.output_text.delta")
