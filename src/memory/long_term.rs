@@ -89,6 +89,27 @@ fn unfenced(text: &str) -> &str {
     rest.strip_suffix("```").unwrap_or(rest).trim()
 }
 
+/// A vector as its f32s, little-endian: how storage keeps an embedding,
+/// and what an embeddings answer's base64 holds (exact, and a quarter of
+/// the size of the same numbers as text).
+pub fn vector_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The vector `vector_bytes` wrote; `None` for a length that is not whole
+/// f32s.
+pub fn vector_of_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
+    let whole = bytes.chunks_exact(4);
+    if !whole.remainder().is_empty() {
+        return None;
+    }
+    Some(
+        whole
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    )
+}
+
 /// Cosine similarity of two vectors, -1 to 1; 0 when either is all zeros
 /// or their lengths differ (another embedding model's vector).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use super::chat::call;
 use super::ModelError;
 use crate::config::EmbeddingEncoding;
+use crate::memory::long_term::vector_of_bytes;
 use crate::proxy::upstream::Upstream;
 
 /// A model that turns texts into vectors, one per text, in order.
@@ -113,13 +114,7 @@ fn decoded(text: &str) -> Result<Vec<f32>, String> {
     let bytes = STANDARD
         .decode(text)
         .map_err(|e| format!("not base64: {e}"))?;
-    if bytes.len() % 4 != 0 {
-        return Err(format!("{} bytes of base64 are not f32s", bytes.len()));
-    }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
+    vector_of_bytes(&bytes).ok_or_else(|| format!("{} bytes of base64 are not f32s", bytes.len()))
 }
 
 fn bad(why: String) -> ModelError {

@@ -25,14 +25,14 @@ use crate::proxy::relay::FrameEvents;
 /// own cap on a non-streaming answer).
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 
-/// `frame_events` holds what the relay parsed from each frame of a
-/// streamed body, so that the frames it covers are not parsed again.
+/// `frame_events` (given for a stream) holds what the relay parsed from
+/// each frame, so that the frames it covers are not parsed again.
 pub async fn translate(
     response: Response,
     echo: Echo,
     model: &str,
     stream: bool,
-    frame_events: FrameEvents,
+    frame_events: Option<FrameEvents>,
 ) -> Result<Response, ApiError> {
     if response.status() != StatusCode::OK {
         return Ok(response);
@@ -43,7 +43,7 @@ pub async fn translate(
         let events = EventStream {
             inner: body.into_data_stream(),
             parser: SseParser::new(),
-            frame_events,
+            frame_events: frame_events.unwrap_or_default(),
             events: Events::new(echo, model),
             started: false,
             ended: false,

@@ -107,14 +107,14 @@ pub async fn create(
         conversation.as_ref(),
     )
     .await?;
-    let frame_events = FrameEvents::default();
+    let frame_events = t.stream.then(FrameEvents::default);
     let turn = Turn {
         arrival,
         body: chat_body,
         messages,
         session: Some(target),
         served: served.map(|Extension(s)| s),
-        frame_events: t.stream.then(|| frame_events.clone()),
+        frame_events: frame_events.clone(),
     };
     let ran = chat::run(&app, turn).await?;
     let internal = ran.session.unwrap_or_default();

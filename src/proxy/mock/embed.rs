@@ -12,6 +12,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::memory::long_term::headings::EXTRACT_HEADING;
+use crate::memory::long_term::vector_bytes;
 
 pub const DIMS: usize = 256;
 
@@ -92,8 +93,7 @@ const TOPICS: &[(&str, &[&str])] = &[
 /// `encoding_format`: `"base64"`, its little-endian f32s; else numbers.
 pub fn encoded(v: &[f32], format: &Value) -> Value {
     if format == "base64" {
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        return Value::String(STANDARD.encode(bytes));
+        return Value::String(STANDARD.encode(vector_bytes(v)));
     }
     json!(v)
 }

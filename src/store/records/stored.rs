@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::memory::long_term::Record;
+use crate::memory::long_term::{self, Record};
 use crate::store::StorageError;
 
 /// One user's records as stored at `version`; `forgotten_at` is when they
@@ -67,23 +67,15 @@ pub(crate) fn with_recalled(body: &str, at_ms: i64) -> Result<String, StorageErr
     Ok(v.to_string())
 }
 
-/// An embedding as stored: its f32s, little-endian (exact, and a quarter
-/// of the size of the same numbers as text).
+/// An embedding as stored (`long_term::vector_bytes`).
 pub(crate) fn to_blob(embedding: &[f32]) -> Vec<u8> {
-    embedding.iter().flat_map(|x| x.to_le_bytes()).collect()
+    long_term::vector_bytes(embedding)
 }
 
 pub(crate) fn from_blob(blob: &[u8]) -> Result<Vec<f32>, StorageError> {
-    if blob.len() % 4 != 0 {
-        return Err(StorageError::Corrupt(format!(
-            "an embedding of {} bytes is not f32s",
-            blob.len()
-        )));
-    }
-    Ok(blob
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
+    long_term::vector_of_bytes(blob).ok_or_else(|| {
+        StorageError::Corrupt(format!("an embedding of {} bytes is not f32s", blob.len()))
+    })
 }
 
 fn corrupt(id: &str, e: impl std::fmt::Display) -> StorageError {
