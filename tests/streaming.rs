@@ -226,6 +226,51 @@ async fn events_split_across_reads_are_put_back_together() {
     );
 }
 
+/// An upstream that breaks off inside an event: the client gets whole
+/// events only, then recall's `stream_broken` event, each one readable
+/// JSON (half an event relayed would join recall's into one event no SDK
+/// can read). The record keeps what went out.
+#[tokio::test]
+async fn a_stream_broken_inside_an_event_gives_the_client_whole_events_only() {
+    let h = Harness::default().await;
+    let cut = delta_event(json!({"content": " and lost words"}));
+    for (i, at) in [3, cut.len() / 2, cut.len() - 1].into_iter().enumerate() {
+        h.upstream.push(Reply::Sse {
+            chunks: vec![
+                (
+                    Duration::ZERO,
+                    delta_event(json!({"role": "assistant", "content": "Heard"})),
+                ),
+                (Duration::from_millis(20), cut[..at].to_owned()),
+                (Duration::from_millis(20), BREAK.to_owned()),
+            ],
+        });
+        let session = format!("broken-inside-{i}");
+        let resp = h
+            .post_chat(
+                &session,
+                json!({"model": "m", "stream": true, "messages": [user("q")]}),
+            )
+            .await;
+        let body = resp.bytes().await.unwrap();
+        let mut parser = sse_parse::SseParser::new();
+        parser.feed(&body);
+        parser.finish();
+        let events: Vec<Value> = std::iter::from_fn(|| parser.next_event())
+            .map(|e| {
+                serde_json::from_str(&e.data).unwrap_or_else(|_| panic!("not JSON: {}", e.data))
+            })
+            .collect();
+        assert_eq!(events.len(), 2, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(events[0]["choices"][0]["delta"]["content"], "Heard");
+        assert_eq!(events[1]["error"]["code"], "stream_broken");
+        assert_eq!(
+            h.transcript(&session).await,
+            ["user: q", "assistant: Heard"]
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_streaming_request_answered_with_an_error_is_relayed_whole() {
     let h = Harness::default().await;

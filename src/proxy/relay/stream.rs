@@ -21,6 +21,7 @@ use sse_parse::SseParser;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::boundary::EventBoundary;
 use super::{response, CutWatch, Exchange, Head, Timing};
 use crate::memory::session::Reply;
 use crate::metrics::Metrics;
@@ -139,20 +140,24 @@ where
     }
 }
 
-/// The upstream's body and the SSE parser over it.
+/// The upstream's body, the SSE parser over it, and what of it may go to
+/// the client yet (whole events).
 struct Reader<S> {
     body: S,
     parser: SseParser,
+    boundary: EventBoundary,
 }
 
 /// What one read of the upstream gave.
 enum Step {
-    /// Bytes to relay as they are, and the events completed in them.
+    /// Bytes to relay as they are, ending between events, and the events
+    /// completed in them.
     Chunk(Bytes, Vec<Event>),
     /// The stream is over.
     Finished,
     /// The stream broke here: why, and the events received before the
     /// break in this read (not to be relayed: their bytes hold the break).
+    /// An event begun and not finished before it never went out.
     Broke(String, Vec<Event>),
 }
 
@@ -164,39 +169,46 @@ where
         Self {
             body,
             parser: SseParser::new().max_buffer(MAX_EVENT_BYTES),
+            boundary: EventBoundary::new(),
         }
     }
 
     fn poll_step(&mut self, cx: &mut Context<'_>, flight: &Reply) -> Poll<Step> {
-        let bytes = match std::task::ready!(self.body.poll_next_unpin(cx)) {
-            None => return Poll::Ready(Step::Finished),
-            // A connection that fails after the reply's end lost nothing.
-            Some(Err(_)) if flight.received_complete() => return Poll::Ready(Step::Finished),
-            Some(Err(e)) => {
-                let why = format!("upstream stream broke off: {e}");
-                return Poll::Ready(Step::Broke(why, Vec::new()));
+        loop {
+            let bytes = match std::task::ready!(self.body.poll_next_unpin(cx)) {
+                None => return Poll::Ready(Step::Finished),
+                // A connection that fails after the reply's end lost nothing.
+                Some(Err(_)) if flight.received_complete() => return Poll::Ready(Step::Finished),
+                Some(Err(e)) => {
+                    let why = format!("upstream stream broke off: {e}");
+                    return Poll::Ready(Step::Broke(why, Vec::new()));
+                }
+                Some(Ok(bytes)) => bytes,
+            };
+            self.parser.feed(&bytes);
+            let mut events = Vec::new();
+            while let Some(event) = self.parser.next_event() {
+                events.push(Event::parse(&event.data));
             }
-            Some(Ok(bytes)) => bytes,
-        };
-        self.parser.feed(&bytes);
-        let mut events = Vec::new();
-        while let Some(event) = self.parser.next_event() {
-            events.push(Event::parse(&event.data));
+            if let Some(bad) = events.iter().position(|e| matches!(e, Event::Malformed)) {
+                // An event the client's SDK could not parse either.
+                events.truncate(bad);
+                let why = "upstream sent an event that is not JSON".to_owned();
+                return Poll::Ready(Step::Broke(why, events));
+            }
+            let whole = self.boundary.complete(bytes);
+            if self.parser.overflows() > 0 || self.boundary.held() > MAX_EVENT_BYTES {
+                let why = format!(
+                    "upstream sent an event larger than {} MiB",
+                    MAX_EVENT_BYTES >> 20
+                );
+                return Poll::Ready(Step::Broke(why, events));
+            }
+            // No event ends in these bytes: nothing to give out yet.
+            if let Some(whole) = whole {
+                return Poll::Ready(Step::Chunk(whole, events));
+            }
         }
-        if let Some(bad) = events.iter().position(|e| matches!(e, Event::Malformed)) {
-            // An event the client's SDK could not parse either.
-            events.truncate(bad);
-            let why = "upstream sent an event that is not JSON".to_owned();
-            return Poll::Ready(Step::Broke(why, events));
-        }
-        if self.parser.overflows() > 0 {
-            let why = format!(
-                "upstream sent an event larger than {} MiB",
-                MAX_EVENT_BYTES >> 20
-            );
-            return Poll::Ready(Step::Broke(why, events));
-        }
-        Poll::Ready(Step::Chunk(bytes, events))
     }
 }
 
