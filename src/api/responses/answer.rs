@@ -12,11 +12,10 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::Stream;
 use http_body_util::BodyExt;
-use serde_json::Value;
 use sse_parse::SseParser;
 
 use super::events::Events;
-use super::response::{of_completion, Echo};
+use super::response::{of_completion, Completion, Echo};
 use crate::error::ApiError;
 use crate::proxy::accumulate::Event;
 use crate::proxy::relay::FrameEvents;
@@ -59,8 +58,9 @@ pub async fn translate(
             ApiError::Internal
         })?
         .to_bytes();
-    let completion: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        tracing::error!(error = %e, "the chat answer is not JSON");
+    // Read once more, typed and borrowed: the relay read it for the record.
+    let completion: Completion = serde_json::from_slice(&bytes).map_err(|e| {
+        tracing::error!(error = %e, "the chat answer is not a completion");
         ApiError::Internal
     })?;
     let body =

@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::ids;
-use super::response::{usage, Echo, Written};
+use super::response::{usage, Echo, Usage, Written};
 use crate::proxy::accumulate::Delta;
 
 /// The stream of one response.
@@ -40,7 +40,7 @@ pub struct Events {
     /// Function calls by the chat chunk's `index`, as indexes in `items`.
     calls: Vec<(u64, usize)>,
     finish_reason: Option<String>,
-    usage: Value,
+    usage: Option<Usage>,
 }
 
 enum Item {
@@ -156,7 +156,7 @@ impl Events {
             text: None,
             calls: Vec::new(),
             finish_reason: None,
-            usage: Value::Null,
+            usage: None,
         }
     }
 
@@ -196,7 +196,7 @@ impl Events {
             incomplete,
             error,
             output: self.items.iter().map(Item::json).collect::<Vec<_>>(),
-            usage: self.usage.clone(),
+            usage: self.usage,
         };
         let event = WithResponse {
             kind,

@@ -8,7 +8,7 @@ use std::borrow::Borrow;
 use serde_json::{json, Map, Value};
 
 use super::ids;
-use super::response::{Echo, ECHOED};
+use super::response::{Echo, Written, ECHOED};
 use crate::memory::chain::{self, Span};
 use crate::memory::interruption;
 use crate::memory::message::{Message, Role};
@@ -147,7 +147,6 @@ pub fn response<H: Borrow<Message>>(
         &ids::response(session, key),
         ids::items_base(session, reply_seq),
     );
-    let mut r = super::response::from_completion(&json!({"model": record.get("model")}), &echo);
     let mut output = Vec::new();
     let mut status = "completed";
     let mut incomplete = Value::Null;
@@ -178,11 +177,16 @@ pub fn response<H: Borrow<Message>>(
             "incomplete"
         };
     }
-    r["status"] = json!(status);
-    r["incomplete_details"] = incomplete;
-    r["error"] = error;
-    r["output"] = Value::Array(output);
-    Some(r)
+    let r = Written {
+        echo: &echo,
+        model: record.get("model"),
+        status,
+        incomplete,
+        error,
+        output,
+        usage: None,
+    };
+    serde_json::to_value(r).ok()
 }
 
 #[cfg(test)]

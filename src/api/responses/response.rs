@@ -2,7 +2,8 @@
 //! the request's echoed fields come in, the Response goes out.
 
 use serde::ser::{SerializeMap, Serializer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::ids;
@@ -42,54 +43,145 @@ pub const ECHOED: &[&str] = &[
     "user",
 ];
 
-/// The Response for a chat completion (its first choice).
-pub fn from_completion(completion: &Value, echo: &Echo) -> Value {
-    serde_json::to_value(of_completion(completion, echo)).unwrap_or_default()
+/// A chat completion as far as a Response reads it, borrowed from the
+/// answer's bytes: the model, each choice's message and finish reason, and
+/// the usage; the rest is skipped unparsed. Its leaves stay raw JSON and
+/// go out as they came, so this takes whatever a `Value` reading took
+/// once the relay has accepted the body (choices that are objects).
+#[derive(Deserialize, Default)]
+pub struct Completion<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    choices: Vec<Choice<'a>>,
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
 }
 
-/// `from_completion`, to be written straight out.
-pub fn of_completion<'a>(completion: &'a Value, echo: &'a Echo) -> Written<'a, Vec<Value>> {
-    let choice = &completion["choices"][0];
-    let message = &choice["message"];
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
+}
+
+/// Choice 0's message; read only for the choice a Response shows, so that
+/// an odd message in another choice does not spoil the answer.
+#[derive(Deserialize, Default)]
+struct ChatMessage<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    refusal: Option<&'a RawValue>,
+    #[serde(default)]
+    tool_calls: Option<Value>,
+}
+
+/// A Response's output item, as the non-streaming answer writes it.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Output<'a> {
+    Message {
+        id: String,
+        status: &'static str,
+        role: &'static str,
+        content: Vec<Part<'a>>,
+    },
+    FunctionCall {
+        id: String,
+        status: &'static str,
+        call_id: Value,
+        name: Value,
+        arguments: Value,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part<'a> {
+    OutputText {
+        text: &'a RawValue,
+        annotations: [(); 0],
+    },
+    Refusal {
+        refusal: &'a RawValue,
+    },
+}
+
+/// A raw JSON string with some text in it.
+fn text(raw: Option<&RawValue>) -> Option<&RawValue> {
+    raw.filter(|r| r.get().starts_with('"') && r.get() != "\"\"")
+}
+
+/// The Response for a chat completion (its first choice), to be written
+/// straight out.
+pub fn of_completion<'a>(
+    completion: &Completion<'a>,
+    echo: &'a Echo,
+) -> Written<'a, Option<&'a RawValue>, Vec<Output<'a>>> {
+    let message = completion.message();
     let mut output = Vec::new();
     let mut content = Vec::new();
-    if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
-        content.push(json!({"type": "output_text", "text": text, "annotations": []}));
+    if let Some(text) = text(message.content) {
+        content.push(Part::OutputText {
+            text,
+            annotations: [],
+        });
     }
-    if let Some(refusal) = message["refusal"].as_str().filter(|t| !t.is_empty()) {
-        content.push(json!({"type": "refusal", "refusal": refusal}));
+    if let Some(refusal) = text(message.refusal) {
+        content.push(Part::Refusal { refusal });
     }
     if !content.is_empty() {
-        output.push(json!({
-            "type": "message", "id": ids::item("msg", &echo.items, 0), "status": "completed",
-            "role": "assistant", "content": content,
-        }));
+        output.push(Output::Message {
+            id: ids::item("msg", &echo.items, 0),
+            status: "completed",
+            role: "assistant",
+            content,
+        });
     }
-    for (n, call) in message["tool_calls"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        output.push(json!({
-            "type": "function_call", "id": ids::item("fc", &echo.items, n), "status": "completed",
-            "call_id": call["id"], "name": call["function"]["name"],
-            "arguments": call["function"]["arguments"],
-        }));
+    let calls = match message.tool_calls {
+        Some(Value::Array(calls)) => calls,
+        _ => Vec::new(),
+    };
+    for (n, mut call) in calls.into_iter().enumerate() {
+        output.push(Output::FunctionCall {
+            id: ids::item("fc", &echo.items, n),
+            status: "completed",
+            call_id: call["id"].take(),
+            name: call["function"]["name"].take(),
+            arguments: call["function"]["arguments"].take(),
+        });
     }
-    let (status, incomplete) = match choice["finish_reason"].as_str() {
-        Some("length") => ("incomplete", json!({"reason": "max_output_tokens"})),
-        Some("content_filter") => ("incomplete", json!({"reason": "content_filter"})),
+    let reason = completion.choices.first().and_then(|c| c.finish_reason);
+    let (status, incomplete) = match reason.map(RawValue::get) {
+        Some("\"length\"") => ("incomplete", json!({"reason": "max_output_tokens"})),
+        Some("\"content_filter\"") => ("incomplete", json!({"reason": "content_filter"})),
         _ => ("completed", Value::Null),
     };
+    // Usage is a small object of numbers, read as chat's own words.
+    let usage = completion
+        .usage
+        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+        .and_then(|u| usage(&u));
     Written {
         echo,
-        model: &completion["model"],
+        model: completion.model,
         status,
         incomplete,
         error: Value::Null,
         output,
-        usage: usage(&completion["usage"]),
+        usage,
+    }
+}
+
+impl<'a> Completion<'a> {
+    /// The first choice's message; an empty one when it has none or it is
+    /// not an object.
+    fn message(&self) -> ChatMessage<'a> {
+        let raw = self.choices.first().and_then(|c| c.message);
+        raw.and_then(|r| serde_json::from_str(r.get()).ok())
+            .unwrap_or_default()
     }
 }
 
@@ -97,17 +189,17 @@ pub fn of_completion<'a>(completion: &'a Value, echo: &'a Echo) -> Written<'a, V
 /// field by field, where a `Value` tree cost a map of two dozen entries
 /// (most of them the echo's defaults) per response, and on a stream two
 /// such trees to open it and one to end it.
-pub struct Written<'a, O> {
+pub struct Written<'a, M, O> {
     pub echo: &'a Echo,
-    pub model: &'a Value,
+    pub model: M,
     pub status: &'a str,
     pub incomplete: Value,
     pub error: Value,
     pub output: O,
-    pub usage: Value,
+    pub usage: Option<Usage>,
 }
 
-impl<O: Serialize> Serialize for Written<'_, O> {
+impl<M: Serialize, O: Serialize> Serialize for Written<'_, M, O> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let e = self.echo;
         let mut m = s.serialize_map(None)?;
@@ -117,7 +209,7 @@ impl<O: Serialize> Serialize for Written<'_, O> {
         m.serialize_entry("status", self.status)?;
         m.serialize_entry("error", &self.error)?;
         m.serialize_entry("incomplete_details", &self.incomplete)?;
-        m.serialize_entry("model", self.model)?;
+        m.serialize_entry("model", &self.model)?;
         m.serialize_entry("output", &self.output)?;
         m.serialize_entry("usage", &self.usage)?;
         m.serialize_entry("previous_response_id", &e.previous_response_id)?;
@@ -173,20 +265,42 @@ impl Serialize for DefaultOf<'_> {
     }
 }
 
-/// Chat's usage in the Responses API's words (`null` when the upstream
-/// gave none).
-pub fn usage(chat: &Value) -> Value {
+/// A Response's `usage`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Usage {
+    input_tokens: u64,
+    input_tokens_details: Cached,
+    output_tokens: u64,
+    output_tokens_details: Reasoning,
+    total_tokens: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Cached {
+    cached_tokens: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Reasoning {
+    reasoning_tokens: u64,
+}
+
+/// Chat's usage in the Responses API's words (`None`, written `null`,
+/// when the upstream gave none).
+pub fn usage(chat: &Value) -> Option<Usage> {
     if !chat.is_object() {
-        return Value::Null;
+        return None;
     }
     let n = |v: &Value| v.as_u64().unwrap_or(0);
-    json!({
-        "input_tokens": n(&chat["prompt_tokens"]),
-        "input_tokens_details": {"cached_tokens": n(&chat["prompt_tokens_details"]["cached_tokens"])},
-        "output_tokens": n(&chat["completion_tokens"]),
-        "output_tokens_details": {
-            "reasoning_tokens": n(&chat["completion_tokens_details"]["reasoning_tokens"])
+    Some(Usage {
+        input_tokens: n(&chat["prompt_tokens"]),
+        input_tokens_details: Cached {
+            cached_tokens: n(&chat["prompt_tokens_details"]["cached_tokens"]),
         },
-        "total_tokens": n(&chat["total_tokens"]),
+        output_tokens: n(&chat["completion_tokens"]),
+        output_tokens_details: Reasoning {
+            reasoning_tokens: n(&chat["completion_tokens_details"]["reasoning_tokens"]),
+        },
+        total_tokens: n(&chat["total_tokens"]),
     })
 }

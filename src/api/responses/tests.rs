@@ -2,7 +2,7 @@ use serde_json::{json, Map, Value};
 
 use super::ids;
 use super::request::{translate, Translated};
-use super::response::{from_completion, Echo};
+use super::response::{of_completion, Completion, Echo};
 use crate::error::RequestError;
 use crate::memory::message::parse_messages;
 
@@ -223,6 +223,13 @@ fn a_completion_becomes_a_response_with_stable_item_ids() {
     assert_eq!(ids::item("msg", "abc", 3), "msg_abc_3");
 }
 
+/// The Response for a completion, as the answer writes it.
+fn from_completion(completion: &Value, echo: &Echo) -> Value {
+    let bytes = serde_json::to_vec(completion).unwrap();
+    let c: Completion = serde_json::from_slice(&bytes).unwrap();
+    serde_json::to_value(of_completion(&c, echo)).unwrap()
+}
+
 #[test]
 fn a_cut_completion_is_an_incomplete_response() {
     let completion = json!({"model": "m", "choices": [{"finish_reason": "length",
@@ -241,6 +248,44 @@ fn a_cut_completion_is_an_incomplete_response() {
     );
     assert_eq!(r["usage"], Value::Null);
     assert_eq!(r["output"][0]["content"][0]["text"], "It was a dark and");
+}
+
+/// The answer is read from raw JSON: escaped text goes out as it came,
+/// and what a `Value` reading tolerated still is (a `null` or non-string
+/// content, an odd message in another choice, usage numbers that are not
+/// integers).
+#[test]
+fn a_completion_is_read_from_its_raw_json_as_leniently_as_before() {
+    let echo = Echo {
+        id: "resp_x".into(),
+        items: "x".into(),
+        ..Echo::default()
+    };
+    let text = "a \"quoted\" line\n\u{e9}t\u{e9} \\ end";
+    let r = from_completion(
+        &json!({"model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text, "refusal": null}},
+            {"index": 1, "message": "odd"}],
+            "usage": {"prompt_tokens": 3.5, "completion_tokens": 2, "total_tokens": "x"}}),
+        &echo,
+    );
+    assert_eq!(
+        r["output"][0]["content"],
+        json!([{"type": "output_text", "text": text, "annotations": []}])
+    );
+    assert_eq!(r["output"].as_array().unwrap().len(), 1);
+    assert_eq!(r["usage"]["input_tokens"], 0);
+    assert_eq!(r["usage"]["output_tokens"], 2);
+    for message in [
+        json!({"role": "assistant", "content": null}),
+        json!({"content": 7}),
+        json!("odd"),
+    ] {
+        let r = from_completion(&json!({"choices": [{"message": message}]}), &echo);
+        assert_eq!(r["output"], json!([]), "{message}");
+        assert_eq!(r["status"], "completed");
+        assert_eq!(r["model"], Value::Null);
+    }
 }
 
 mod stream {
