@@ -8,7 +8,6 @@
 use bytes::{Bytes, BytesMut};
 
 /// The state of the SSE line scanner between frames, and the bytes held.
-#[derive(Default)]
 pub(super) struct EventBoundary {
     /// Bytes after the last event boundary, not given out yet.
     held: Option<Bytes>,
@@ -86,28 +85,23 @@ impl EventBoundary {
     }
 
     fn with_held(&mut self, bytes: Bytes) -> Bytes {
-        match self.held.take() {
-            None => bytes,
-            Some(held) => {
-                let mut all = BytesMut::with_capacity(held.len() + bytes.len());
-                all.extend_from_slice(&held);
-                all.extend_from_slice(&bytes);
-                all.freeze()
-            }
-        }
+        join(self.held.take(), bytes)
     }
 
     fn hold(&mut self, frame: Bytes) {
-        self.held = Some(match self.held.take() {
-            None => frame,
-            Some(held) => {
-                let mut all = BytesMut::with_capacity(held.len() + frame.len());
-                all.extend_from_slice(&held);
-                all.extend_from_slice(&frame);
-                all.freeze()
-            }
-        });
+        self.held = Some(join(self.held.take(), frame));
     }
+}
+
+/// `more` after `first`, copied only when there is a `first`.
+fn join(first: Option<Bytes>, more: Bytes) -> Bytes {
+    let Some(first) = first else {
+        return more;
+    };
+    let mut all = BytesMut::with_capacity(first.len() + more.len());
+    all.extend_from_slice(&first);
+    all.extend_from_slice(&more);
+    all.freeze()
 }
 
 #[cfg(test)]
