@@ -145,12 +145,14 @@ pub fn of_completion<'a>(
         _ => Vec::new(),
     };
     for (n, mut call) in calls.into_iter().enumerate() {
+        // By pointer: indexing a call that is not an object would panic.
+        let mut take = |at: &str| call.pointer_mut(at).map(Value::take).unwrap_or_default();
         output.push(Output::FunctionCall {
             id: ids::item("fc", &echo.items, n),
             status: "completed",
-            call_id: call["id"].take(),
-            name: call["function"]["name"].take(),
-            arguments: call["function"]["arguments"].take(),
+            call_id: take("/id"),
+            name: take("/function/name"),
+            arguments: take("/function/arguments"),
         });
     }
     let reason = completion.choices.first().and_then(|c| c.finish_reason);

@@ -286,6 +286,23 @@ fn a_completion_is_read_from_its_raw_json_as_leniently_as_before() {
         assert_eq!(r["status"], "completed");
         assert_eq!(r["model"], Value::Null);
     }
+    // Calls of odd shapes give items with what they have, as before.
+    let odd = json!({"choices": [{"message": {"content": null,
+        "tool_calls": [{"id": "c", "function": "f"}, "x"]}}]});
+    let r = from_completion(&odd, &echo);
+    let calls: Vec<_> = r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["type"].clone(), i["call_id"].clone(), i["name"].clone()))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            (json!("function_call"), json!("c"), Value::Null),
+            (json!("function_call"), Value::Null, Value::Null)
+        ]
+    );
 }
 
 mod stream {

@@ -204,10 +204,11 @@ where
                 );
                 return Poll::Ready(Step::Broke(why, events));
             }
-            // No event ends in these bytes: nothing to give out yet.
             if let Some(whole) = whole {
                 return Poll::Ready(Step::Chunk(whole, events));
             }
+            // No event ends in these bytes: nothing to give out yet.
+            debug_assert!(events.is_empty(), "events parsed from held bytes");
         }
     }
 }
