@@ -90,7 +90,9 @@ struct EventStream {
 impl EventStream {
     /// The Responses events a frame of the chat stream gives.
     fn translate(&mut self, frame: &Bytes) -> Vec<u8> {
-        let mut out = Vec::new();
+        // A delta's event is about the size of its chunk: one allocation
+        // for most frames.
+        let mut out = Vec::with_capacity(frame.len() + 128);
         if let Some(parsed) = self.frame_events.take(frame) {
             for event in parsed {
                 self.apply(event, &mut out);
@@ -134,7 +136,7 @@ impl Stream for EventStream {
         let this = &mut *self;
         if !this.started {
             this.started = true;
-            let mut start = Vec::new();
+            let mut start = Vec::with_capacity(2048);
             this.events.start(&mut start);
             return Poll::Ready(Some(Ok(Bytes::from(start))));
         }

@@ -13,14 +13,14 @@
 //! `response.incomplete` / `response.failed` with the reason. Every event
 //! has a `sequence_number`, from 0.
 //!
-//! A delta, which every streamed token makes, is written from a typed
-//! struct that borrows its text (the chunk was parsed once, typed, by
-//! `accumulate::Event`); so are the events that carry the whole Response
-//! (`response::Written`), which open and end every stream; the other rare
-//! events are built as JSON values.
+//! Every event is written from a typed struct that borrows what it shows:
+//! a delta's text (the chunk was parsed once, typed, by
+//! `accumulate::Event`), the items, and the whole Response
+//! (`response::Written`) that opens and ends every stream. A `Value` tree
+//! per event cloned the reply's text into each of the four events that
+//! repeat it at the end.
 
-use std::io::Write;
-
+use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -64,51 +64,141 @@ struct Part {
     text: String,
 }
 
-impl Part {
-    fn json(&self) -> Value {
-        if self.refusal {
-            json!({"type": "refusal", "refusal": self.text})
-        } else {
-            output_text(&self.text)
-        }
-    }
+/// A content part as written: `output_text` or `refusal`.
+struct PartView<'a> {
+    refusal: bool,
+    text: &'a str,
+}
 
-    fn empty(&self) -> Value {
-        Part {
-            refusal: self.refusal,
-            text: String::new(),
+impl Serialize for PartView<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        if self.refusal {
+            m.serialize_entry("type", "refusal")?;
+            m.serialize_entry("refusal", self.text)?;
+        } else {
+            m.serialize_entry("type", "output_text")?;
+            m.serialize_entry("text", self.text)?;
+            m.serialize_entry("annotations", &[(); 0])?;
         }
-        .json()
+        m.end()
     }
 }
 
-impl Item {
-    fn json(&self) -> Value {
+impl Part {
+    fn view(&self) -> PartView<'_> {
+        PartView {
+            refusal: self.refusal,
+            text: &self.text,
+        }
+    }
+}
+
+/// An output item as it stands: an open one shows no content (a message)
+/// or no arguments (a call) yet.
+impl Serialize for Item {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let status = |open: bool| if open { "in_progress" } else { "completed" };
+        let mut m = s.serialize_map(None)?;
         match self {
-            Item::Message { id, parts, open } => json!({
-                "type": "message", "id": id, "role": "assistant",
-                "status": if *open { "in_progress" } else { "completed" },
-                "content": if *open { json!([]) } else {
-                    Value::Array(parts.iter().map(Part::json).collect())
-                },
-            }),
+            Item::Message { id, parts, open } => {
+                m.serialize_entry("type", "message")?;
+                m.serialize_entry("id", id)?;
+                m.serialize_entry("role", "assistant")?;
+                m.serialize_entry("status", status(*open))?;
+                let shown = if *open { &[][..] } else { &parts[..] };
+                m.serialize_entry("content", &Seq(shown, Part::view))?;
+            }
             Item::Call {
                 id,
                 call_id,
                 name,
                 arguments,
                 open,
-            } => json!({
-                "type": "function_call", "id": id, "call_id": call_id, "name": name,
-                "arguments": if *open { "" } else { arguments.as_str() },
-                "status": if *open { "in_progress" } else { "completed" },
-            }),
+            } => {
+                m.serialize_entry("type", "function_call")?;
+                m.serialize_entry("id", id)?;
+                m.serialize_entry("call_id", call_id)?;
+                m.serialize_entry("name", name)?;
+                let arguments = if *open { "" } else { arguments.as_str() };
+                m.serialize_entry("arguments", arguments)?;
+                m.serialize_entry("status", status(*open))?;
+            }
+        }
+        m.end()
+    }
+}
+
+/// A slice written as a JSON array through a view of each element.
+struct Seq<'a, T, F>(&'a [T], F);
+
+impl<'a, T, V: Serialize, F: Fn(&'a T) -> V> Serialize for Seq<'a, T, F> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(&self.1))
+    }
+}
+
+/// An event: its type, what it says, its sequence number.
+#[derive(Serialize)]
+struct Ev<'a, F> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(flatten)]
+    fields: F,
+    sequence_number: u64,
+}
+
+/// `response.output_item.added` / `.done`.
+#[derive(Serialize)]
+struct ItemAt<'a> {
+    output_index: usize,
+    item: &'a Item,
+}
+
+/// The events about one content part of a message.
+#[derive(Serialize)]
+struct PartAt<'a, P> {
+    item_id: &'a str,
+    output_index: usize,
+    content_index: usize,
+    #[serde(flatten)]
+    what: P,
+}
+
+impl<'a, P> PartAt<'a, P> {
+    fn of(item_id: &'a str, output_index: usize, content_index: usize, what: P) -> Self {
+        Self {
+            item_id,
+            output_index,
+            content_index,
+            what,
         }
     }
 }
 
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": []})
+#[derive(Serialize)]
+struct WithPart<'a> {
+    part: PartView<'a>,
+}
+
+#[derive(Serialize)]
+struct TextDone<'a> {
+    text: &'a str,
+    logprobs: [(); 0],
+}
+
+#[derive(Serialize)]
+struct RefusalDone<'a> {
+    refusal: &'a str,
+}
+
+/// `response.function_call_arguments.done`.
+#[derive(Serialize)]
+struct ArgumentsDone<'a> {
+    item_id: &'a str,
+    output_index: usize,
+    name: &'a str,
+    arguments: &'a str,
 }
 
 /// `response.output_text.delta` (or `response.refusal.delta`), field for
@@ -141,9 +231,24 @@ struct ArgumentsDelta<'a> {
 /// Writes one event as SSE. (Writing to a `Vec` cannot fail, nor can
 /// serialising strings, numbers and JSON values.)
 fn write_sse(out: &mut Vec<u8>, kind: &str, data: &impl Serialize) {
-    let _ = write!(out, "event: {kind}\ndata: ");
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
     let _ = serde_json::to_writer(&mut *out, data);
     out.extend_from_slice(b"\n\n");
+}
+
+/// Writes an event with the next sequence number (a free function, so
+/// that it can run while the items are borrowed).
+fn write_event(out: &mut Vec<u8>, next_seq: &mut u64, kind: &str, fields: impl Serialize) {
+    let sequence_number = *next_seq;
+    *next_seq += 1;
+    let event = Ev {
+        kind,
+        fields,
+        sequence_number,
+    };
+    write_sse(out, kind, &event);
 }
 
 impl Events {
@@ -165,13 +270,6 @@ impl Events {
         self.next_seq - 1
     }
 
-    /// A rare event, built as JSON.
-    fn event(&mut self, out: &mut Vec<u8>, kind: &str, mut fields: Value) {
-        fields["type"] = json!(kind);
-        fields["sequence_number"] = json!(self.seq());
-        write_sse(out, kind, &fields);
-    }
-
     /// An event that carries the Response as it stands.
     fn response_event(
         &mut self,
@@ -182,28 +280,19 @@ impl Events {
         error: Value,
     ) {
         #[derive(Serialize)]
-        struct WithResponse<'a, R> {
-            #[serde(rename = "type")]
-            kind: &'a str,
+        struct WithResponse<R> {
             response: R,
-            sequence_number: u64,
         }
-        let sequence_number = self.seq();
         let response = Written {
             echo: &self.echo,
             model: &self.model,
             status,
             incomplete,
             error,
-            output: self.items.iter().map(Item::json).collect::<Vec<_>>(),
+            output: &self.items,
             usage: self.usage,
         };
-        let event = WithResponse {
-            kind,
-            response,
-            sequence_number,
-        };
-        write_sse(out, kind, &event);
+        write_event(out, &mut self.next_seq, kind, WithResponse { response });
     }
 
     /// The upstream said how its reply finished (`finish_reason`).
@@ -237,37 +326,40 @@ impl Events {
         }
     }
 
+    /// The open message's index in `items`, opened (with its event) if
+    /// none is.
+    fn open_message(&mut self, out: &mut Vec<u8>) -> usize {
+        if let Some(at) = self.text {
+            return at;
+        }
+        let at = self.items.len();
+        // A message after calls is another item, with an id of its own.
+        let n = self
+            .items
+            .iter()
+            .filter(|i| matches!(i, Item::Message { .. }))
+            .count();
+        self.items.push(Item::Message {
+            id: ids::item("msg", &self.echo.items, n),
+            parts: Vec::new(),
+            open: true,
+        });
+        self.text = Some(at);
+        let item = &self.items[at];
+        let added = ItemAt {
+            output_index: at,
+            item,
+        };
+        write_event(out, &mut self.next_seq, "response.output_item.added", added);
+        at
+    }
+
     /// A piece of the reply's text, or of its refusal.
     fn text_delta(&mut self, text: &str, refusal: bool, out: &mut Vec<u8>) {
-        let at = match self.text {
-            Some(at) => at,
-            None => {
-                let at = self.items.len();
-                // A message after calls is another item, with an id of its own.
-                let n = self
-                    .items
-                    .iter()
-                    .filter(|i| matches!(i, Item::Message { .. }))
-                    .count();
-                self.items.push(Item::Message {
-                    id: ids::item("msg", &self.echo.items, n),
-                    parts: Vec::new(),
-                    open: true,
-                });
-                self.text = Some(at);
-                let item = self.items[at].json();
-                self.event(
-                    out,
-                    "response.output_item.added",
-                    json!({"output_index": at, "item": item}),
-                );
-                at
-            }
-        };
+        let at = self.open_message(out);
         let Item::Message { id, parts, .. } = &mut self.items[at] else {
             return;
         };
-        let id = id.clone();
         let part = match parts.iter().position(|p| p.refusal == refusal) {
             Some(part) => part,
             None => {
@@ -276,28 +368,30 @@ impl Events {
                     text: String::new(),
                 });
                 let part = parts.len() - 1;
-                let empty = parts[part].empty();
-                self.event(
+                let what = WithPart {
+                    part: parts[part].view(),
+                };
+                let added = PartAt::of(id, at, part, what);
+                write_event(
                     out,
+                    &mut self.next_seq,
                     "response.content_part.added",
-                    json!({"item_id": id, "output_index": at, "content_index": part,
-                           "part": empty}),
+                    added,
                 );
                 part
             }
         };
-        let sequence_number = self.seq();
-        if let Item::Message { parts, .. } = &mut self.items[at] {
-            parts[part].text.push_str(text);
-        }
+        parts[part].text.push_str(text);
         let kind = if refusal {
             "response.refusal.delta"
         } else {
             "response.output_text.delta"
         };
+        let sequence_number = self.next_seq;
+        self.next_seq += 1;
         let event = TextDelta {
             kind,
-            item_id: &id,
+            item_id: id,
             output_index: at,
             content_index: part as u32,
             delta: text,
@@ -329,12 +423,11 @@ impl Events {
                     open: true,
                 });
                 self.calls.push((index, at));
-                let item = self.items[at].json();
-                self.event(
-                    out,
-                    "response.output_item.added",
-                    json!({"output_index": at, "item": item}),
-                );
+                let added = ItemAt {
+                    output_index: at,
+                    item: &self.items[at],
+                };
+                write_event(out, &mut self.next_seq, "response.output_item.added", added);
                 at
             }
         };
@@ -360,74 +453,58 @@ impl Events {
         let Some(at) = self.text.take() else {
             return;
         };
-        let (id, parts) = match &mut self.items[at] {
-            Item::Message { id, parts, open } => {
-                *open = false;
-                let parts: Vec<(bool, String)> =
-                    parts.iter().map(|p| (p.refusal, p.text.clone())).collect();
-                (id.clone(), parts)
-            }
-            Item::Call { .. } => return,
+        let next_seq = &mut self.next_seq;
+        let Item::Message { id, parts, open } = &mut self.items[at] else {
+            return;
         };
-        for (n, (refusal, text)) in parts.into_iter().enumerate() {
-            let part = Part { refusal, text };
-            if refusal {
-                self.event(
-                    out,
-                    "response.refusal.done",
-                    json!({"item_id": id, "output_index": at, "content_index": n,
-                           "refusal": part.text}),
-                );
+        *open = false;
+        for (n, part) in parts.iter().enumerate() {
+            if part.refusal {
+                let refusal = &part.text;
+                let done = PartAt::of(id, at, n, RefusalDone { refusal });
+                write_event(out, next_seq, "response.refusal.done", done);
             } else {
-                self.event(
-                    out,
-                    "response.output_text.done",
-                    json!({"item_id": id, "output_index": at, "content_index": n,
-                           "text": part.text, "logprobs": []}),
-                );
+                let (text, logprobs) = (&part.text, []);
+                let done = PartAt::of(id, at, n, TextDone { text, logprobs });
+                write_event(out, next_seq, "response.output_text.done", done);
             }
-            self.event(
-                out,
-                "response.content_part.done",
-                json!({"item_id": id, "output_index": at, "content_index": n,
-                       "part": part.json()}),
-            );
+            let done = PartAt::of(id, at, n, WithPart { part: part.view() });
+            write_event(out, next_seq, "response.content_part.done", done);
         }
-        let item = self.items[at].json();
-        self.event(
-            out,
-            "response.output_item.done",
-            json!({"output_index": at, "item": item}),
-        );
+        self.item_done(at, out);
+    }
+
+    fn item_done(&mut self, at: usize, out: &mut Vec<u8>) {
+        let done = ItemAt {
+            output_index: at,
+            item: &self.items[at],
+        };
+        write_event(out, &mut self.next_seq, "response.output_item.done", done);
     }
 
     fn close_all(&mut self, out: &mut Vec<u8>) {
         self.close_text(out);
         for (_, at) in std::mem::take(&mut self.calls) {
-            let (id, name, arguments) = match &mut self.items[at] {
-                Item::Call {
-                    id,
-                    name,
-                    arguments,
-                    open,
-                    ..
-                } => {
-                    *open = false;
-                    (id.clone(), name.clone(), arguments.clone())
-                }
-                Item::Message { .. } => continue,
+            let Item::Call {
+                id,
+                name,
+                arguments,
+                open,
+                ..
+            } = &mut self.items[at]
+            else {
+                continue;
             };
-            self.event(
-                out,
-                "response.function_call_arguments.done",
-                json!({"item_id": id, "output_index": at, "name": name, "arguments": arguments}),
-            );
-            let item = self.items[at].json();
-            self.event(
-                out,
-                "response.output_item.done",
-                json!({"output_index": at, "item": item}),
-            );
+            *open = false;
+            let done = ArgumentsDone {
+                item_id: id,
+                output_index: at,
+                name,
+                arguments,
+            };
+            let kind = "response.function_call_arguments.done";
+            write_event(out, &mut self.next_seq, kind, done);
+            self.item_done(at, out);
         }
     }
 
