@@ -996,3 +996,26 @@ async fn a_response_mark_sent_by_a_client_is_not_kept() {
     .await;
     assert_eq!(status, 404);
 }
+
+/// JSON allows a key twice (a `Value` keeps the last one): an upstream
+/// that repeats one gets its Response through, with the last value, and
+/// the reply is stored as the chat API would store it.
+#[tokio::test]
+async fn a_completion_that_repeats_a_key_is_answered_not_a_500() {
+    let h = Harness::default().await;
+    h.upstream.push(Reply::Raw {
+        status: 200,
+        content_type: "application/json",
+        body: r#"{"id": "c", "object": "chat.completion", "model": "old", "model": "new",
+            "choices": [{"index": 0, "finish_reason": "stop",
+              "message": {"role": "assistant", "content": "first", "content": "last"}}],
+            "usage": {"total_tokens": 1}, "usage": {"total_tokens": 2}}"#
+            .into(),
+    });
+    let r = ok(&h, json!({"model": "m", "input": "hi"})).await;
+    assert_eq!(r["model"], "new");
+    assert_eq!(output_text(&r), "last");
+    assert_eq!(r["usage"]["total_tokens"], 2);
+    let (_, hist) = h.history(&session_of(&r)).await;
+    assert_eq!(hist["contents"][1]["content"], "last", "{hist}");
+}

@@ -59,7 +59,8 @@ pub async fn translate(
         })?
         .to_bytes();
     // Read once more, typed and borrowed: the relay read it for the record.
-    let completion: Completion = serde_json::from_slice(&bytes).map_err(|e| {
+    let mut spare = Vec::new();
+    let completion = Completion::read(&bytes, &mut spare).map_err(|e| {
         tracing::error!(error = %e, "the chat answer is not a completion");
         ApiError::Internal
     })?;

@@ -56,6 +56,9 @@ pub struct Completion<'a> {
     choices: Vec<Choice<'a>>,
     #[serde(borrow, default)]
     usage: Option<&'a RawValue>,
+    /// Choice 0's message, read by `read`.
+    #[serde(skip)]
+    message: Option<ChatMessage<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -68,7 +71,7 @@ struct Choice<'a> {
 
 /// Choice 0's message; read only for the choice a Response shows, so that
 /// an odd message in another choice does not spoil the answer.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone)]
 struct ChatMessage<'a> {
     #[serde(borrow, default)]
     content: Option<&'a RawValue>,
@@ -178,12 +181,35 @@ pub fn of_completion<'a>(
 }
 
 impl<'a> Completion<'a> {
+    /// Reads a completion body. One that repeats a key (JSON allows it,
+    /// the typed reading refuses it), at the top or in the message shown,
+    /// is read as a `Value` reads it, the last one kept, by way of `spare`.
+    pub fn read(body: &'a [u8], spare: &'a mut Vec<u8>) -> serde_json::Result<Self> {
+        if let Ok(c) = Self::typed(body) {
+            if c.message.is_some() || c.message_raw().is_none() {
+                return Ok(c);
+            }
+        }
+        *spare = serde_json::to_vec(&serde_json::from_slice::<Value>(body)?)?;
+        Self::typed(spare)
+    }
+
+    fn typed(body: &'a [u8]) -> serde_json::Result<Self> {
+        let mut c: Self = serde_json::from_slice(body)?;
+        c.message = c
+            .message_raw()
+            .and_then(|r| serde_json::from_str(r.get()).ok());
+        Ok(c)
+    }
+
+    fn message_raw(&self) -> Option<&'a RawValue> {
+        self.choices.first().and_then(|c| c.message)
+    }
+
     /// The first choice's message; an empty one when it has none or it is
     /// not an object.
     fn message(&self) -> ChatMessage<'a> {
-        let raw = self.choices.first().and_then(|c| c.message);
-        raw.and_then(|r| serde_json::from_str(r.get()).ok())
-            .unwrap_or_default()
+        self.message.clone().unwrap_or_default()
     }
 }
 

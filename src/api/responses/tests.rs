@@ -226,7 +226,8 @@ fn a_completion_becomes_a_response_with_stable_item_ids() {
 /// The Response for a completion, as the answer writes it.
 fn from_completion(completion: &Value, echo: &Echo) -> Value {
     let bytes = serde_json::to_vec(completion).unwrap();
-    let c: Completion = serde_json::from_slice(&bytes).unwrap();
+    let mut spare = Vec::new();
+    let c = Completion::read(&bytes, &mut spare).unwrap();
     serde_json::to_value(of_completion(&c, echo)).unwrap()
 }
 
@@ -254,6 +255,35 @@ fn a_cut_completion_is_an_incomplete_response() {
 /// and what a `Value` reading tolerated still is (a `null` or non-string
 /// content, an odd message in another choice, usage numbers that are not
 /// integers).
+/// JSON allows a repeated key, and a `Value` reading keeps the last one:
+/// a completion that repeats one is a Response, not a 500.
+#[test]
+fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
+    let echo = Echo {
+        id: "resp_x".into(),
+        items: "x".into(),
+        ..Echo::default()
+    };
+    let bodies = [
+        r#"{"model": "a", "model": "b", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"total_tokens": 1}, "usage": {"total_tokens": 2}}"#,
+        r#"{"model": "b", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "no", "content": "hi"}}],
+            "usage": {"total_tokens": 2, "total_tokens": 2}}"#,
+    ];
+    for body in bodies {
+        let mut spare = Vec::new();
+        let c = Completion::read(body.as_bytes(), &mut spare).unwrap();
+        let r = serde_json::to_value(of_completion(&c, &echo)).unwrap();
+        assert_eq!(r["model"], "b", "{body}");
+        assert_eq!(r["output"][0]["content"][0]["text"], "hi", "{body}");
+        assert_eq!(r["usage"]["total_tokens"], 2, "{body}");
+    }
+    let mut spare = Vec::new();
+    assert!(Completion::read(b"{\"choices\": [", &mut spare).is_err());
+}
+
 #[test]
 fn a_completion_is_read_from_its_raw_json_as_leniently_as_before() {
     let echo = Echo {
