@@ -224,6 +224,45 @@ fn bench_responses_events(c: &mut Criterion) {
     });
 }
 
+/// A long-term search: every record of a user scored against the query
+/// (OpenAI's small embedding model has 1,536 dimensions).
+fn bench_long_term_rank(c: &mut Criterion) {
+    use recall::memory::long_term::{rank, Record};
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut vector = |dims: usize| -> Vec<f32> {
+        (0..dims)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    };
+    let mut g = c.benchmark_group("long_term_rank_1536");
+    for n in [100usize, 1000] {
+        let records: Vec<Record> = (0..n)
+            .map(|i| Record {
+                id: format!("mem_{i}"),
+                text: format!("fact {i}"),
+                strategy: "semantic".into(),
+                namespace: "facts".into(),
+                user: "u".into(),
+                session: "s".into(),
+                created_at: i as i64,
+                updated_at: i as i64,
+                recalled_at: 0,
+                embedding: vector(1536).into(),
+            })
+            .collect();
+        let query = vector(1536);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &records, |b, records| {
+            b.iter(|| rank(records, &query, 5, 0.0).len())
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_reconcile,
@@ -231,6 +270,7 @@ criterion_group!(
     bench_window_tokens,
     bench_rewrite,
     bench_accumulate,
-    bench_responses_events
+    bench_responses_events,
+    bench_long_term_rank
 );
 criterion_main!(benches);

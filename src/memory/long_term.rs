@@ -29,9 +29,51 @@ pub struct Record {
     /// When a recall last sent it (eviction keeps what is used).
     #[serde(default)]
     pub recalled_at: i64,
-    /// Shared: a change of a user's records copies the records, not their
-    /// kilobytes of numbers.
-    pub embedding: Arc<[f32]>,
+    pub embedding: Embedding,
+}
+
+/// A record's vector, with its norm summed once when it is made: every
+/// search and every merge scores each of the user's records, and the
+/// record's own norm was half of that arithmetic. Shared: a change of a
+/// user's records copies the records, not their kilobytes of numbers.
+/// Written and read as the plain list of numbers.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    v: Arc<[f32]>,
+    norm: f64,
+}
+
+impl From<Vec<f32>> for Embedding {
+    fn from(v: Vec<f32>) -> Self {
+        let norm = dot(&v, &v).sqrt();
+        Self { v: v.into(), norm }
+    }
+}
+
+impl std::ops::Deref for Embedding {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        &self.v
+    }
+}
+
+impl PartialEq for Embedding {
+    fn eq(&self, other: &Self) -> bool {
+        self.v == other.v
+    }
+}
+
+impl Serialize for Embedding {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.v.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Embedding {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<f32>::deserialize(d).map(Self::from)
+    }
 }
 
 /// Why an extraction answer holds no facts to store.
@@ -113,7 +155,7 @@ pub fn vector_of_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
 /// Cosine similarity of two vectors, -1 to 1; 0 when either is all zeros
 /// or their lengths differ (another embedding model's vector).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    Probe::new(b).cosine(a)
+    Probe::new(b).score(a, dot(a, a).sqrt())
 }
 
 /// A vector many records are scored against (a query, a new fact): its
@@ -127,44 +169,41 @@ impl<'a> Probe<'a> {
     pub fn new(v: &'a [f32]) -> Self {
         Self {
             v,
-            norm: dot_and_norm(v, v).0.sqrt(),
+            norm: dot(v, v).sqrt(),
         }
     }
 
     /// `cosine(record, probe)`.
-    pub fn cosine(&self, record: &[f32]) -> f32 {
-        if record.len() != self.v.len() || record.is_empty() {
+    pub fn cosine(&self, record: &Embedding) -> f32 {
+        self.score(&record.v, record.norm)
+    }
+
+    fn score(&self, record: &[f32], norm: f64) -> f32 {
+        if record.len() != self.v.len() || record.is_empty() || norm == 0.0 || self.norm == 0.0 {
             return 0.0;
         }
-        let (dot, nr) = dot_and_norm(record, self.v);
-        if nr == 0.0 || self.norm == 0.0 {
-            return 0.0;
-        }
-        (dot / (nr.sqrt() * self.norm)).clamp(-1.0, 1.0) as f32
+        (dot(record, self.v) / (norm * self.norm)).clamp(-1.0, 1.0) as f32
     }
 }
 
-/// `a · b` and `a · a`, for vectors of one length.
-fn dot_and_norm(a: &[f32], b: &[f32]) -> (f64, f64) {
+/// `a · b`, for vectors of one length.
+fn dot(a: &[f32], b: &[f32]) -> f64 {
     // Every search and every merge scores each of the user's records:
     // independent lanes let the sums run side by side (and in SIMD), where
     // one running sum waited on itself at every element.
     const LANES: usize = 8;
-    let (mut dot, mut na) = ([0f32; LANES], [0f32; LANES]);
+    let mut lanes = [0f32; LANES];
     let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let tail = a8.remainder().iter().zip(b8.remainder());
     for (x, y) in a8.zip(b8) {
         for k in 0..LANES {
-            dot[k] += x[k] * y[k];
-            na[k] += x[k] * x[k];
+            lanes[k] += x[k] * y[k];
         }
     }
     for (k, (x, y)) in tail.enumerate() {
-        dot[k] += x * y;
-        na[k] += x * x;
+        lanes[k] += x * y;
     }
-    let sum = |lanes: [f32; LANES]| lanes.iter().map(|&x| f64::from(x)).sum::<f64>();
-    (sum(dot), sum(na))
+    lanes.iter().map(|&x| f64::from(x)).sum()
 }
 
 /// What storing a new fact does: update the closest record of its

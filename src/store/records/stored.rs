@@ -2,8 +2,6 @@
 //! its embedding, and the embedding as little-endian `f32`s. Shared by
 //! the SQLite and Redis backends, and nothing else of `records`.
 
-use std::sync::Arc;
-
 use serde_json::Value;
 
 use crate::memory::long_term::{self, Record};
@@ -31,7 +29,7 @@ pub(crate) fn body(r: &Record) -> Result<String, StorageError> {
         created_at: r.created_at,
         updated_at: r.updated_at,
         recalled_at: r.recalled_at,
-        embedding: Arc::from(Vec::new()),
+        embedding: Vec::new().into(),
     };
     let mut v = serde_json::to_value(&bare).map_err(|e| corrupt(&r.id, e))?;
     if let Value::Object(o) = &mut v {
