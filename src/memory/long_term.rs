@@ -37,7 +37,7 @@ pub struct Record {
 /// record's own norm was half of that arithmetic. Shared: a change of a
 /// user's records copies the records, not their kilobytes of numbers.
 /// Written and read as the plain list of numbers.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Embedding {
     v: Arc<[f32]>,
     norm: f64,
@@ -55,6 +55,12 @@ impl std::ops::Deref for Embedding {
 
     fn deref(&self) -> &[f32] {
         &self.v
+    }
+}
+
+impl std::fmt::Debug for Embedding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.v.fmt(f)
     }
 }
 
@@ -170,6 +176,14 @@ impl<'a> Probe<'a> {
         Self {
             v,
             norm: dot(v, v).sqrt(),
+        }
+    }
+
+    /// An embedding whose norm is known.
+    pub fn of(e: &'a Embedding) -> Self {
+        Self {
+            v: &e.v,
+            norm: e.norm,
         }
     }
 
@@ -312,7 +326,8 @@ pub fn plan(
     let mut updated: HashMap<usize, Record> = HashMap::new();
     let mut added: Vec<Record> = Vec::new();
     for f in facts {
-        let probe = Probe::new(&f.embedding);
+        let embedding = Embedding::from(f.embedding);
+        let probe = Probe::of(&embedding);
         let closest = {
             let known = known
                 .iter()
@@ -341,13 +356,13 @@ pub fn plan(
                     created_at: origin.now_ms,
                     updated_at: origin.now_ms,
                     recalled_at: 0,
-                    embedding: f.embedding.into(),
+                    embedding,
                 });
                 continue;
             }
         };
         target.text = f.text;
-        target.embedding = f.embedding.into();
+        target.embedding = embedding;
         target.session = origin.session.to_owned();
         target.updated_at = origin.now_ms;
     }

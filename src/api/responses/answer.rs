@@ -91,8 +91,8 @@ struct EventStream {
 impl EventStream {
     /// The Responses events a frame of the chat stream gives.
     fn translate(&mut self, frame: &Bytes) -> Vec<u8> {
-        // A delta's event is about the size of its chunk: one allocation
-        // for most frames.
+        // A delta's event is about the size of its chunk, so a frame's
+        // events mostly fit without growing.
         let mut out = Vec::with_capacity(frame.len() + 128);
         if let Some(parsed) = self.frame_events.take(frame) {
             for event in parsed {

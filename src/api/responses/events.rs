@@ -16,9 +16,8 @@
 //! Every event is written from a typed struct that borrows what it shows:
 //! a delta's text (the chunk was parsed once, typed, by
 //! `accumulate::Event`), the items, and the whole Response
-//! (`response::Written`) that opens and ends every stream. A `Value` tree
-//! per event cloned the reply's text into each of the four events that
-//! repeat it at the end.
+//! (`response::Written`) that opens and ends every stream; only the small
+//! `incomplete_details` and `error` objects are built as JSON values.
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
@@ -65,32 +64,18 @@ struct Part {
 }
 
 /// A content part as written: `output_text` or `refusal`.
-struct PartView<'a> {
-    refusal: bool,
-    text: &'a str,
-}
-
-impl Serialize for PartView<'_> {
+impl Serialize for Part {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(None)?;
         if self.refusal {
             m.serialize_entry("type", "refusal")?;
-            m.serialize_entry("refusal", self.text)?;
+            m.serialize_entry("refusal", &self.text)?;
         } else {
             m.serialize_entry("type", "output_text")?;
-            m.serialize_entry("text", self.text)?;
+            m.serialize_entry("text", &self.text)?;
             m.serialize_entry("annotations", &[(); 0])?;
         }
         m.end()
-    }
-}
-
-impl Part {
-    fn view(&self) -> PartView<'_> {
-        PartView {
-            refusal: self.refusal,
-            text: &self.text,
-        }
     }
 }
 
@@ -107,7 +92,7 @@ impl Serialize for Item {
                 m.serialize_entry("role", "assistant")?;
                 m.serialize_entry("status", status(*open))?;
                 let shown = if *open { &[][..] } else { &parts[..] };
-                m.serialize_entry("content", &Seq(shown, Part::view))?;
+                m.serialize_entry("content", shown)?;
             }
             Item::Call {
                 id,
@@ -126,15 +111,6 @@ impl Serialize for Item {
             }
         }
         m.end()
-    }
-}
-
-/// A slice written as a JSON array through a view of each element.
-struct Seq<'a, T, F>(&'a [T], F);
-
-impl<'a, T, V: Serialize, F: Fn(&'a T) -> V> Serialize for Seq<'a, T, F> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(&self.1))
     }
 }
 
@@ -178,7 +154,7 @@ impl<'a, P> PartAt<'a, P> {
 
 #[derive(Serialize)]
 struct WithPart<'a> {
-    part: PartView<'a>,
+    part: &'a Part,
 }
 
 #[derive(Serialize)]
@@ -238,11 +214,16 @@ fn write_sse(out: &mut Vec<u8>, kind: &str, data: &impl Serialize) {
     out.extend_from_slice(b"\n\n");
 }
 
-/// Writes an event with the next sequence number (a free function, so
-/// that it can run while the items are borrowed).
+/// The next sequence number (a free function, so that it can be taken
+/// while the items are borrowed).
+fn next(seq: &mut u64) -> u64 {
+    *seq += 1;
+    *seq - 1
+}
+
+/// Writes an event with the next sequence number.
 fn write_event(out: &mut Vec<u8>, next_seq: &mut u64, kind: &str, fields: impl Serialize) {
-    let sequence_number = *next_seq;
-    *next_seq += 1;
+    let sequence_number = next(next_seq);
     let event = Ev {
         kind,
         fields,
@@ -263,11 +244,6 @@ impl Events {
             finish_reason: None,
             usage: None,
         }
-    }
-
-    fn seq(&mut self) -> u64 {
-        self.next_seq += 1;
-        self.next_seq - 1
     }
 
     /// An event that carries the Response as it stands.
@@ -368,9 +344,7 @@ impl Events {
                     text: String::new(),
                 });
                 let part = parts.len() - 1;
-                let what = WithPart {
-                    part: parts[part].view(),
-                };
+                let what = WithPart { part: &parts[part] };
                 let added = PartAt::of(id, at, part, what);
                 write_event(
                     out,
@@ -387,8 +361,7 @@ impl Events {
         } else {
             "response.output_text.delta"
         };
-        let sequence_number = self.next_seq;
-        self.next_seq += 1;
+        let sequence_number = next(&mut self.next_seq);
         let event = TextDelta {
             kind,
             item_id: id,
@@ -434,7 +407,7 @@ impl Events {
         let Some(piece) = arguments.filter(|p| !p.is_empty()) else {
             return;
         };
-        let sequence_number = self.seq();
+        let sequence_number = next(&mut self.next_seq);
         if let Item::Call { arguments, id, .. } = &mut self.items[at] {
             arguments.push_str(piece);
             let kind = "response.function_call_arguments.delta";
@@ -468,7 +441,7 @@ impl Events {
                 let done = PartAt::of(id, at, n, TextDone { text, logprobs });
                 write_event(out, next_seq, "response.output_text.done", done);
             }
-            let done = PartAt::of(id, at, n, WithPart { part: part.view() });
+            let done = PartAt::of(id, at, n, WithPart { part });
             write_event(out, next_seq, "response.content_part.done", done);
         }
         self.item_done(at, out);

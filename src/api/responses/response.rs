@@ -44,21 +44,28 @@ pub const ECHOED: &[&str] = &[
 ];
 
 /// A chat completion as far as a Response reads it, borrowed from the
-/// answer's bytes: the model, each choice's message and finish reason, and
-/// the usage; the rest is skipped unparsed. Its leaves stay raw JSON and
-/// go out as they came, so this takes whatever a `Value` reading took
-/// once the relay has accepted the body (choices that are objects).
-#[derive(Deserialize, Default)]
+/// answer's bytes: the model, choice 0's message and finish reason, and
+/// the usage. Its leaves stay raw JSON and go out as they came, so this
+/// takes whatever a `Value` reading took once the relay has accepted the
+/// body (choices that are objects). Made only by `read`.
+#[derive(Default)]
 pub struct Completion<'a> {
+    model: Option<&'a RawValue>,
+    finish_reason: Option<&'a RawValue>,
+    usage: Option<&'a RawValue>,
+    /// Empty when choice 0 has no message or it is not an object.
+    message: ChatMessage<'a>,
+}
+
+/// The body as read; the rest is skipped unparsed.
+#[derive(Deserialize)]
+struct Body<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
     choices: Vec<Choice<'a>>,
     #[serde(borrow, default)]
     usage: Option<&'a RawValue>,
-    /// Choice 0's message, read by `read`.
-    #[serde(skip)]
-    message: Option<ChatMessage<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -71,14 +78,59 @@ struct Choice<'a> {
 
 /// Choice 0's message; read only for the choice a Response shows, so that
 /// an odd message in another choice does not spoil the answer.
-#[derive(Deserialize, Default, Clone)]
+#[derive(Deserialize, Default)]
 struct ChatMessage<'a> {
     #[serde(borrow, default)]
     content: Option<&'a RawValue>,
     #[serde(borrow, default)]
     refusal: Option<&'a RawValue>,
-    #[serde(default)]
-    tool_calls: Option<Value>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+impl<'a> Completion<'a> {
+    /// Reads a completion body. One that repeats a key (JSON allows it,
+    /// the typed reading refuses it), at the top or in the message shown,
+    /// is read as a `Value` reads it, the last one kept, by way of
+    /// `spare`: then its leaves go out as `Value` writes them.
+    pub fn read(body: &'a [u8], spare: &'a mut Vec<u8>) -> serde_json::Result<Self> {
+        let first = Self::typed(body);
+        if let Ok((completion, true)) = first {
+            return Ok(completion);
+        }
+        let normal = serde_json::from_slice::<Value>(body).and_then(|v| serde_json::to_vec(&v));
+        match (first, normal) {
+            (first, Ok(normal)) => {
+                *spare = normal;
+                // A message that is not an object stays unread either way.
+                Self::typed(spare).map(|(c, _)| c).or(first.map(|(c, _)| c))
+            }
+            // What the `Value` reading refuses (a lone surrogate in a
+            // field this reading skips) keeps the first reading.
+            (Ok((completion, _)), Err(_)) => Ok(completion),
+            (Err(e), Err(_)) => Err(e),
+        }
+    }
+
+    /// The completion, and whether choice 0's message (if any) was read.
+    fn typed(body: &'a [u8]) -> serde_json::Result<(Self, bool)> {
+        let Body {
+            model,
+            choices,
+            usage,
+        } = serde_json::from_slice(body)?;
+        let choice = choices.into_iter().next();
+        let raw = choice.as_ref().and_then(|c| c.message);
+        let message = raw.map(|r| serde_json::from_str(r.get()));
+        let read = !matches!(message, Some(Err(_)));
+        let completion = Self {
+            model,
+            finish_reason: choice.and_then(|c| c.finish_reason),
+            usage,
+            message: message.and_then(Result::ok).unwrap_or_default(),
+        };
+        Ok((completion, read))
+    }
 }
 
 /// A Response's output item, as the non-streaming answer writes it.
@@ -123,7 +175,7 @@ pub fn of_completion<'a>(
     completion: &Completion<'a>,
     echo: &'a Echo,
 ) -> Written<'a, Option<&'a RawValue>, Vec<Output<'a>>> {
-    let message = completion.message();
+    let message = &completion.message;
     let mut output = Vec::new();
     let mut content = Vec::new();
     if let Some(text) = text(message.content) {
@@ -143,8 +195,8 @@ pub fn of_completion<'a>(
             content,
         });
     }
-    let calls = match message.tool_calls {
-        Some(Value::Array(calls)) => calls,
+    let calls = match message.tool_calls.map(|r| serde_json::from_str(r.get())) {
+        Some(Ok(Value::Array(calls))) => calls,
         _ => Vec::new(),
     };
     for (n, mut call) in calls.into_iter().enumerate() {
@@ -158,8 +210,7 @@ pub fn of_completion<'a>(
             arguments: take("/function/arguments"),
         });
     }
-    let reason = completion.choices.first().and_then(|c| c.finish_reason);
-    let (status, incomplete) = match reason.map(RawValue::get) {
+    let (status, incomplete) = match completion.finish_reason.map(RawValue::get) {
         Some("\"length\"") => ("incomplete", json!({"reason": "max_output_tokens"})),
         Some("\"content_filter\"") => ("incomplete", json!({"reason": "content_filter"})),
         _ => ("completed", Value::Null),
@@ -177,39 +228,6 @@ pub fn of_completion<'a>(
         error: Value::Null,
         output,
         usage,
-    }
-}
-
-impl<'a> Completion<'a> {
-    /// Reads a completion body. One that repeats a key (JSON allows it,
-    /// the typed reading refuses it), at the top or in the message shown,
-    /// is read as a `Value` reads it, the last one kept, by way of `spare`.
-    pub fn read(body: &'a [u8], spare: &'a mut Vec<u8>) -> serde_json::Result<Self> {
-        if let Ok(c) = Self::typed(body) {
-            if c.message.is_some() || c.message_raw().is_none() {
-                return Ok(c);
-            }
-        }
-        *spare = serde_json::to_vec(&serde_json::from_slice::<Value>(body)?)?;
-        Self::typed(spare)
-    }
-
-    fn typed(body: &'a [u8]) -> serde_json::Result<Self> {
-        let mut c: Self = serde_json::from_slice(body)?;
-        c.message = c
-            .message_raw()
-            .and_then(|r| serde_json::from_str(r.get()).ok());
-        Ok(c)
-    }
-
-    fn message_raw(&self) -> Option<&'a RawValue> {
-        self.choices.first().and_then(|c| c.message)
-    }
-
-    /// The first choice's message; an empty one when it has none or it is
-    /// not an object.
-    fn message(&self) -> ChatMessage<'a> {
-        self.message.clone().unwrap_or_default()
     }
 }
 

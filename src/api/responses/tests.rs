@@ -251,10 +251,6 @@ fn a_cut_completion_is_an_incomplete_response() {
     assert_eq!(r["output"][0]["content"][0]["text"], "It was a dark and");
 }
 
-/// The answer is read from raw JSON: escaped text goes out as it came,
-/// and what a `Value` reading tolerated still is (a `null` or non-string
-/// content, an odd message in another choice, usage numbers that are not
-/// integers).
 /// JSON allows a repeated key, and a `Value` reading keeps the last one:
 /// a completion that repeats one is a Response, not a 500.
 #[test]
@@ -280,10 +276,25 @@ fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
         assert_eq!(r["output"][0]["content"][0]["text"], "hi", "{body}");
         assert_eq!(r["usage"]["total_tokens"], 2, "{body}");
     }
+    // A lone surrogate in a field this reading skips, beside a message
+    // that is not an object: the `Value` reading refuses the body, so
+    // the first reading stands (an empty output, not a 500).
+    let odd = r#"{"id": "\ud800", "model": "m", "choices": [{"message": "odd"}]}"#;
+    let mut spare = Vec::new();
+    let c = Completion::read(odd.as_bytes(), &mut spare).unwrap();
+    let r = serde_json::to_value(of_completion(&c, &echo)).unwrap();
+    assert_eq!(
+        (r["model"].as_str(), r["output"].clone()),
+        (Some("m"), json!([]))
+    );
     let mut spare = Vec::new();
     assert!(Completion::read(b"{\"choices\": [", &mut spare).is_err());
 }
 
+/// The answer is read from raw JSON: escaped text goes out as it came,
+/// and what a `Value` reading tolerated still is (a `null` or non-string
+/// content, an odd message in another choice, usage numbers that are not
+/// integers).
 #[test]
 fn a_completion_is_read_from_its_raw_json_as_leniently_as_before() {
     let echo = Echo {
