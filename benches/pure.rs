@@ -263,6 +263,68 @@ fn bench_long_term_rank(c: &mut Criterion) {
     g.finish();
 }
 
+/// A non-streaming answer read for its record, as the relay does for
+/// every completion.
+fn bench_completion_reply(c: &mut Criterion) {
+    use recall::proxy::accumulate::completion_reply;
+    let body = serde_json::json!({"id": "c", "object": "chat.completion", "created": 1,
+        "model": "mock", "choices": [{"index": 0, "finish_reason": "stop", "logprobs": null,
+        "message": {"role": "assistant", "content": "Sure, here is the answer.",
+                    "refusal": null, "annotations": []}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}})
+    .to_string();
+    c.bench_function("completion_reply", |b| {
+        b.iter(|| completion_reply(body.as_bytes()).expect("reply"))
+    });
+}
+
+/// A non-streaming Response: the chat completion read and the Response
+/// written, as `api::responses` does for each non-streamed response.
+fn bench_responses_answer(c: &mut Criterion) {
+    use recall::api::responses::response::{of_completion, Completion, Echo};
+    let body = serde_json::json!({"id": "c", "object": "chat.completion", "created": 1,
+        "model": "mock", "choices": [{"index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": "Sure, here is the answer."}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16,
+                  "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+                  "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0}}})
+    .to_string();
+    let echo = Echo {
+        id: "resp_Y2hhaW5fMTMzZDkzYmRhZTUzOTBmZmYwYjNmYjMz_1aba238cfdbc76ff".into(),
+        items: "Y2hhaW5fMTMzZDkzYmRhZTUzOTBmZmYwYjNmYjMz_1".into(),
+        conversation: Some("conv_bench".into()),
+        store: true,
+        ..Echo::default()
+    };
+    c.bench_function("responses_answer", |b| {
+        b.iter(|| {
+            let mut spare = Vec::new();
+            let completion = Completion::read(body.as_bytes(), &mut spare).expect("completion");
+            let mut out = Vec::with_capacity(1024 + body.len());
+            serde_json::to_writer(&mut out, &of_completion(&completion, &echo)).expect("written");
+            out
+        })
+    });
+}
+
+/// A Responses request body as the chat request it runs as.
+fn bench_responses_request(c: &mut Criterion) {
+    use recall::api::responses::request::translate;
+    let body = serde_json::json!({"model": "mock", "stream": false,
+        "input": "Tell me about message 7, and what it said.", "conversation": "bench-7"})
+    .to_string();
+    c.bench_function("responses_request", |b| {
+        b.iter(|| {
+            let serde_json::Value::Object(map) =
+                serde_json::from_str::<serde_json::Value>(&body).expect("json")
+            else {
+                unreachable!()
+            };
+            translate(map).expect("translated")
+        })
+    });
+}
+
 criterion_group!(
     benches,
     bench_reconcile,
@@ -270,7 +332,10 @@ criterion_group!(
     bench_window_tokens,
     bench_rewrite,
     bench_accumulate,
+    bench_completion_reply,
     bench_responses_events,
+    bench_responses_answer,
+    bench_responses_request,
     bench_long_term_rank
 );
 criterion_main!(benches);

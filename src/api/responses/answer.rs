@@ -64,8 +64,10 @@ pub async fn translate(
         tracing::error!(error = %e, "the chat answer is not a completion");
         ApiError::Internal
     })?;
-    let body =
-        serde_json::to_vec(&of_completion(&completion, &echo)).map_err(|_| ApiError::Internal)?;
+    // The Response holds the reply and a kilobyte of fields besides.
+    let mut body = Vec::with_capacity(1024 + bytes.len());
+    serde_json::to_writer(&mut body, &of_completion(&completion, &echo))
+        .map_err(|_| ApiError::Internal)?;
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

@@ -9,19 +9,40 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use ring::rand::SecureRandom;
+use std::cell::RefCell;
+use std::fmt::Write;
 
-/// `n` random bytes as hex (a counter's worth of uniqueness without
-/// system randomness, which never fails on Linux).
+/// `n` random bytes as hex. The system's randomness is drawn half a
+/// kilobyte at a time per thread: a `getrandom` call for every id cost a
+/// system call per response (a counter's worth of uniqueness without it,
+/// which never happens on Linux).
 fn random_hex(n: usize) -> String {
-    let mut bytes = vec![0u8; n];
-    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+    const DRAWN: usize = 512;
+    struct Pool {
+        bytes: [u8; DRAWN],
+        next: usize,
+    }
+    thread_local! {
+        static POOL: RefCell<Pool> = const { RefCell::new(Pool { bytes: [0; DRAWN], next: DRAWN }) };
+    }
+    let drawn = POOL.with_borrow_mut(|pool| {
+        if pool.next + n > DRAWN {
+            ring::rand::SystemRandom::new().fill(&mut pool.bytes).ok()?;
+            pool.next = 0;
+        }
+        let bytes = pool.bytes.get(pool.next..pool.next + n)?;
+        pool.next += n;
+        Some(hex::encode(bytes))
+    });
+    drawn.unwrap_or_else(|| {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let at = crate::clock::now_ms() as u64;
         let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        bytes = [at.to_be_bytes(), k.to_be_bytes()].concat();
+        // The counter mixed into the first eight bytes: a key takes only those.
+        let mut bytes = [(at ^ k.rotate_left(40)).to_be_bytes(), k.to_be_bytes()].concat();
         bytes.truncate(n);
-    }
-    hex::encode(bytes)
+        hex::encode(bytes)
+    })
 }
 
 /// A new session's id for a response chain (`chain_...`) or a
@@ -35,8 +56,21 @@ pub fn new_key() -> String {
     random_hex(8)
 }
 
+// The ids below are written into one string sized for them: `format!`
+// with an encoded argument grew its string twice or three times and
+// allocated the encoding apart, a microsecond a response.
+
 pub fn response(session: &str, key: &str) -> String {
-    format!("resp_{}_{key}", URL_SAFE_NO_PAD.encode(session))
+    let mut id = String::with_capacity(6 + encoded_len(session) + key.len());
+    id.push_str("resp_");
+    URL_SAFE_NO_PAD.encode_string(session, &mut id);
+    id.push('_');
+    id.push_str(key);
+    id
+}
+
+fn encoded_len(session: &str) -> usize {
+    session.len().div_ceil(3) * 4
 }
 
 /// The session (as the client knows it) and key a response id names.
@@ -47,11 +81,19 @@ pub fn parse_response(id: &str) -> Option<(String, &str)> {
 
 /// What item ids of the message at `seq` start with.
 pub fn items_base(session: &str, seq: u64) -> String {
-    format!("{}_{seq}", URL_SAFE_NO_PAD.encode(session))
+    let mut id = String::with_capacity(encoded_len(session) + 21);
+    URL_SAFE_NO_PAD.encode_string(session, &mut id);
+    let _ = write!(id, "_{seq}");
+    id
 }
 
 pub fn item(kind: &str, base: &str, n: usize) -> String {
-    format!("{kind}_{base}_{n}")
+    let mut id = String::with_capacity(kind.len() + base.len() + 22);
+    id.push_str(kind);
+    id.push('_');
+    id.push_str(base);
+    let _ = write!(id, "_{n}");
+    id
 }
 
 /// The session, sequence number and part an item id names.
@@ -84,5 +126,8 @@ mod tests {
         assert_eq!(parse_item("msg_x"), None);
         assert_ne!(new_session("chain"), new_session("chain"));
         assert_eq!(new_key().len(), 16);
+        // Drawn from one pool: no two alike across many refills of it.
+        let keys: std::collections::HashSet<String> = (0..10_000).map(|_| new_key()).collect();
+        assert_eq!(keys.len(), 10_000);
     }
 }

@@ -215,11 +215,7 @@ pub fn of_completion<'a>(
         Some("\"content_filter\"") => ("incomplete", json!({"reason": "content_filter"})),
         _ => ("completed", Value::Null),
     };
-    // Usage is a small object of numbers, read as chat's own words.
-    let usage = completion
-        .usage
-        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
-        .and_then(|u| usage(&u));
+    let usage = completion.usage.and_then(Usage::of_raw);
     Written {
         echo,
         model: completion.model,
@@ -312,7 +308,7 @@ impl Serialize for DefaultOf<'_> {
 }
 
 /// A Response's `usage`.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Usage {
     input_tokens: u64,
     input_tokens_details: Cached,
@@ -321,14 +317,86 @@ pub struct Usage {
     total_tokens: u64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 struct Cached {
     cached_tokens: u64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 struct Reasoning {
     reasoning_tokens: u64,
+}
+
+impl Usage {
+    /// `usage` for chat's usage as it came, read typed and borrowed: a tree
+    /// of it cost a third of writing the whole Response. Numbers count
+    /// only where `Value::as_u64` would take them (whole, not negative,
+    /// in range), else 0; a repeated key is read as a `Value` reads it.
+    pub(super) fn of_raw(raw: &RawValue) -> Option<Usage> {
+        // A struct would also take a list, field by field.
+        if !is_object(raw) {
+            return None;
+        }
+        Self::typed(raw).or_else(|| usage(&serde_json::from_str(raw.get()).ok()?))
+    }
+
+    fn typed(raw: &RawValue) -> Option<Usage> {
+        let chat: ChatUsage = serde_json::from_str(raw.get()).ok()?;
+        let n = |raw: Option<&RawValue>| raw.and_then(|r| r.get().parse().ok()).unwrap_or(0);
+        let (prompt, completion) = (
+            Details::read(chat.prompt_tokens_details)?,
+            Details::read(chat.completion_tokens_details)?,
+        );
+        Some(Usage {
+            input_tokens: n(chat.prompt_tokens),
+            input_tokens_details: Cached {
+                cached_tokens: n(prompt.cached_tokens),
+            },
+            output_tokens: n(chat.completion_tokens),
+            output_tokens_details: Reasoning {
+                reasoning_tokens: n(completion.reasoning_tokens),
+            },
+            total_tokens: n(chat.total_tokens),
+        })
+    }
+}
+
+fn is_object(raw: &RawValue) -> bool {
+    raw.get().starts_with('{')
+}
+
+/// Chat's usage, its numbers raw; the rest is skipped unparsed.
+#[derive(Deserialize)]
+struct ChatUsage<'a> {
+    #[serde(borrow, default)]
+    prompt_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    total_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt_tokens_details: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    completion_tokens_details: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct Details<'a> {
+    #[serde(borrow, default)]
+    cached_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    reasoning_tokens: Option<&'a RawValue>,
+}
+
+impl<'a> Details<'a> {
+    /// None only for an object the typed reading refuses; what is not an
+    /// object counts as no details, as indexing a `Value` finds none.
+    fn read(raw: Option<&'a RawValue>) -> Option<Self> {
+        match raw.filter(|r| is_object(r)) {
+            Some(r) => serde_json::from_str(r.get()).ok(),
+            None => Some(Self::default()),
+        }
+    }
 }
 
 /// Chat's usage in the Responses API's words (`None`, written `null`,

@@ -291,6 +291,35 @@ fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
     assert!(Completion::read(b"{\"choices\": [", &mut spare).is_err());
 }
 
+/// Chat's usage is read typed from its raw JSON, to the same numbers a
+/// `Value` reading gave: whole and not negative, else 0.
+#[test]
+fn chat_usage_reads_as_a_value_reads_it() {
+    use super::response::{usage, Usage};
+    let cases = [
+        r#"{"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}"#,
+        r#"{"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16,
+            "prompt_tokens_details": {"cached_tokens": 4, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 2, "audio_tokens": 0}}"#,
+        r#"{"prompt_tokens": 1.0, "completion_tokens": -3, "total_tokens": 1e2}"#,
+        r#"{"prompt_tokens": 18446744073709551616, "total_tokens": 18446744073709551615}"#,
+        r#"{"prompt_tokens": "7", "completion_tokens": null, "total_tokens": true}"#,
+        r#"{"prompt_tokens_details": [4], "completion_tokens_details": "x"}"#,
+        r#"{"prompt_tokens_details": {"cached_tokens": 1, "cached_tokens": 5}}"#,
+        r#"{"total_tokens": 1, "total_tokens": 9}"#,
+        r#"{"prompt_tokens": -0, "extra": {"deep": [1, {"a": 2}]}}"#,
+        r#"{}"#,
+        r#"[10, 6, 16]"#,
+        r#"16"#,
+        r#"null"#,
+    ];
+    for raw in cases {
+        let value: Value = serde_json::from_str(raw).unwrap();
+        let raw: Box<serde_json::value::RawValue> = serde_json::from_str(raw).unwrap();
+        assert_eq!(Usage::of_raw(&raw), usage(&value), "{raw}");
+    }
+}
+
 /// The answer is read from raw JSON: escaped text goes out as it came,
 /// and what a `Value` reading tolerated still is (a `null` or non-string
 /// content, an odd message in another choice, usage numbers that are not

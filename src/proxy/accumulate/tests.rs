@@ -126,4 +126,12 @@ fn completion_body_gives_choice_zero() {
         assert_eq!(completion_reply(bad.to_string().as_bytes()), None, "{bad}");
     }
     assert_eq!(completion_reply(b"<html>"), None);
+    // A message that repeats a key keeps the last, as a `Value` reading
+    // does; an odd message in another choice spoils nothing.
+    let body = r#"{"choices": [{"index": 1, "message": [1]}, {"index": 0,
+        "message": {"role": "assistant", "content": "no", "content": "yes"}}]}"#;
+    assert_eq!(
+        completion_reply(body.as_bytes()),
+        Some((Message::new(Role::Assistant, "yes"), None))
+    );
 }
