@@ -12,10 +12,10 @@ use ring::rand::SecureRandom;
 use std::cell::RefCell;
 use std::fmt::Write;
 
-/// `n` random bytes as hex. The system's randomness is drawn half a
-/// kilobyte at a time per thread: a `getrandom` call for every id cost a
-/// system call per response (a counter's worth of uniqueness without it,
-/// which never happens on Linux).
+/// `n` (at most 16) random bytes as hex. The system's randomness is
+/// drawn half a kilobyte at a time per thread: a `getrandom` call for
+/// every id cost a system call per response. Should that randomness fail
+/// (never on Linux), the clock and a counter keep ids unique.
 fn random_hex(n: usize) -> String {
     const DRAWN: usize = 512;
     struct Pool {
@@ -25,15 +25,20 @@ fn random_hex(n: usize) -> String {
     thread_local! {
         static POOL: RefCell<Pool> = const { RefCell::new(Pool { bytes: [0; DRAWN], next: DRAWN }) };
     }
-    let drawn = POOL.with_borrow_mut(|pool| {
+    debug_assert!(n <= 16, "the fallback gives 16 bytes");
+    let draw = |cell: &RefCell<Pool>| {
+        let mut pool = cell.borrow_mut();
         if pool.next + n > DRAWN {
             ring::rand::SystemRandom::new().fill(&mut pool.bytes).ok()?;
             pool.next = 0;
         }
-        let bytes = pool.bytes.get(pool.next..pool.next + n)?;
+        let at = pool.next;
+        let bytes = pool.bytes.get(at..at + n).map(hex::encode)?;
         pool.next += n;
-        Some(hex::encode(bytes))
-    });
+        Some(bytes)
+    };
+    // `try_with`: a thread's locals may be gone while it shuts down.
+    let drawn = POOL.try_with(draw).ok().flatten();
     drawn.unwrap_or_else(|| {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let at = crate::clock::now_ms() as u64;

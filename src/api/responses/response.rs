@@ -332,6 +332,8 @@ impl Usage {
     /// of it cost a third of writing the whole Response. Numbers count
     /// only where `Value::as_u64` would take them (whole, not negative,
     /// in range), else 0; a repeated key is read as a `Value` reads it.
+    /// Fields not read are skipped unchecked, as `Completion::read` skips
+    /// them: a lone surrogate in one no longer loses the counts.
     pub(super) fn of_raw(raw: &RawValue) -> Option<Usage> {
         // A struct would also take a list, field by field.
         if !is_object(raw) {

@@ -318,6 +318,11 @@ fn chat_usage_reads_as_a_value_reads_it() {
         let raw: Box<serde_json::value::RawValue> = serde_json::from_str(raw).unwrap();
         assert_eq!(Usage::of_raw(&raw), usage(&value), "{raw}");
     }
+    // A field not read is skipped unchecked, as the completion's are.
+    let odd: Box<serde_json::value::RawValue> =
+        serde_json::from_str(r#"{"total_tokens": 3, "note": "\ud800"}"#).unwrap();
+    let read = serde_json::to_value(Usage::of_raw(&odd)).unwrap();
+    assert_eq!(read["total_tokens"], 3);
 }
 
 /// The answer is read from raw JSON: escaped text goes out as it came,

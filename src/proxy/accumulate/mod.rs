@@ -446,8 +446,9 @@ fn first_choice(body: &Value) -> Option<&Value> {
 
 /// What recall reads of a completion body: each choice's index, message
 /// and finish reason, and nothing else (the id, the usage and the rest are
-/// skipped unparsed). A message is kept raw until it is choice 0's, so
-/// that an odd choice other than choice 0 does not spoil the body.
+/// skipped unparsed). Messages stay raw, and only choice 0's is read: the
+/// others are skipped as the id is, so that one a `Value` would refuse (a
+/// lone surrogate escape) no longer makes the whole answer unusable.
 #[derive(Deserialize)]
 struct CompletionBody<'a> {
     #[serde(borrow)]

@@ -127,11 +127,16 @@ fn completion_body_gives_choice_zero() {
     }
     assert_eq!(completion_reply(b"<html>"), None);
     // A message that repeats a key keeps the last, as a `Value` reading
-    // does; an odd message in another choice spoils nothing.
-    let body = r#"{"choices": [{"index": 1, "message": [1]}, {"index": 0,
+    // does; another choice's message is not read, even one a `Value`
+    // would refuse.
+    let body = r#"{"choices": [{"index": 1, "message": {"content": "\ud800"}}, {"index": 0,
         "message": {"role": "assistant", "content": "no", "content": "yes"}}]}"#;
     assert_eq!(
         completion_reply(body.as_bytes()),
         Some((Message::new(Role::Assistant, "yes"), None))
     );
+    for message in ["null", "[1]", r#""x""#, r#"{"content": "\ud800"}"#] {
+        let body = format!(r#"{{"choices": [{{"index": 0, "message": {message}}}]}}"#);
+        assert_eq!(completion_reply(body.as_bytes()), None, "{body}");
+    }
 }
