@@ -313,16 +313,31 @@ fn bench_responses_request(c: &mut Criterion) {
     let body = serde_json::json!({"model": "mock", "stream": false,
         "input": "Tell me about message 7, and what it said.", "conversation": "bench-7"})
     .to_string();
-    c.bench_function("responses_request", |b| {
-        b.iter(|| {
-            let serde_json::Value::Object(map) =
-                serde_json::from_str::<serde_json::Value>(&body).expect("json")
-            else {
-                unreachable!()
-            };
-            translate(map).expect("translated")
+    // As the Agents SDK sends a conversation it keeps itself: every item
+    // again, each turn.
+    let items: Vec<serde_json::Value> = (0..40)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            serde_json::json!({"type": "message", "role": role,
+                "content": format!("Message {i}, a sentence or two long.")})
         })
-    });
+        .collect();
+    let long = serde_json::json!({"model": "mock", "input": items, "store": false}).to_string();
+    for (name, body) in [
+        ("responses_request", &body),
+        ("responses_request_40_items", &long),
+    ] {
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let serde_json::Value::Object(map) =
+                    serde_json::from_str::<serde_json::Value>(body).expect("json")
+                else {
+                    unreachable!()
+                };
+                translate(map).expect("translated")
+            })
+        });
+    }
 }
 
 criterion_group!(

@@ -112,7 +112,7 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
         Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                input_item(item, format!("input[{i}]"), &mut messages)?;
+                input_item(item, At { list: "input", i }, &mut messages)?;
             }
         }
         None | Some(Value::Null) => {}
@@ -170,13 +170,27 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
 pub fn items_to_messages(items: &[Value], param: &str) -> Result<Vec<Value>, RequestError> {
     let mut messages = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        input_item(item, format!("{param}[{i}]"), &mut messages)?;
+        input_item(item, At { list: param, i }, &mut messages)?;
     }
     Ok(messages)
 }
 
-fn refuse(message: impl Into<String>, param: &str) -> RequestError {
-    RequestError::invalid(message, Some(param))
+fn refuse(message: impl Into<String>, param: impl std::fmt::Display) -> RequestError {
+    RequestError::invalid(message, Some(&param.to_string()))
+}
+
+/// Where an item sits (`input[3]`), written only into an error: a
+/// `format!` per item cost an allocation for each of a long input's items.
+#[derive(Debug, Clone, Copy)]
+struct At<'a> {
+    list: &'a str,
+    i: usize,
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.list, self.i)
+    }
 }
 
 fn optional_string(body: &Map<String, Value>, key: &str) -> Result<Option<String>, RequestError> {
@@ -196,15 +210,15 @@ fn flag(body: &Map<String, Value>, key: &str, default: bool) -> Result<bool, Req
 }
 
 /// One input item, appended to `messages` as chat messages.
-fn input_item(item: &Value, param: String, messages: &mut Vec<Value>) -> Result<(), RequestError> {
+fn input_item(item: &Value, param: At, messages: &mut Vec<Value>) -> Result<(), RequestError> {
     let Some(item) = item.as_object() else {
-        return Err(refuse(format!("`{param}` must be an object"), &param));
+        return Err(refuse(format!("`{param}` must be an object"), param));
     };
     // A message may leave out its type (the "easy" input message).
     let kind = match item.get("type") {
         Some(Value::String(t)) => t.as_str(),
         None if item.contains_key("role") => "message",
-        _ => return Err(refuse(format!("`{param}.type` must be a string"), &param)),
+        _ => return Err(refuse(format!("`{param}.type` must be a string"), param)),
     };
     match kind {
         "message" => {
@@ -213,18 +227,18 @@ fn input_item(item: &Value, param: String, messages: &mut Vec<Value>) -> Result<
                 _ => {
                     return Err(refuse(
                         format!("`{param}.role` must be user, assistant, system or developer"),
-                        &param,
+                        param,
                     ))
                 }
             };
-            let content = message_content(item.get("content"), role, &param)?;
+            let content = message_content(item.get("content"), role, param)?;
             messages.push(json!({"role": role, "content": content}));
         }
         "function_call" => {
             let field = |name: &str| {
                 item.get(name)
                     .and_then(Value::as_str)
-                    .ok_or_else(|| refuse(format!("`{param}.{name}` must be a string"), &param))
+                    .ok_or_else(|| refuse(format!("`{param}.{name}` must be a string"), param))
             };
             let call = json!({"id": field("call_id")?, "type": "function",
                               "function": {"name": field("name")?, "arguments": field("arguments")?}});
@@ -247,14 +261,14 @@ fn input_item(item: &Value, param: String, messages: &mut Vec<Value>) -> Result<
             let call_id = item
                 .get("call_id")
                 .and_then(Value::as_str)
-                .ok_or_else(|| refuse(format!("`{param}.call_id` must be a string"), &param))?;
+                .ok_or_else(|| refuse(format!("`{param}.call_id` must be a string"), param))?;
             let output = match item.get("output") {
                 Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => text_of(parts, &param)?,
+                Some(Value::Array(parts)) => text_of(parts, param)?,
                 _ => {
                     return Err(refuse(
                         format!("`{param}.output` must be a string or a list of parts"),
-                        &param,
+                        param,
                     ))
                 }
             };
@@ -265,13 +279,13 @@ fn input_item(item: &Value, param: String, messages: &mut Vec<Value>) -> Result<
         "item_reference" => {
             return Err(refuse(
                 format!("`{param}`: item references are not supported; send the item itself"),
-                &param,
+                param,
             ))
         }
         other => {
             return Err(refuse(
                 format!("`{param}.type` `{other}` is not supported over a chat upstream"),
-                &param,
+                param,
             ))
         }
     }
@@ -281,11 +295,7 @@ fn input_item(item: &Value, param: String, messages: &mut Vec<Value>) -> Result<
 /// A message item's content as chat content: a string stays; parts become
 /// chat parts, or one string for an assistant (whose content chat takes
 /// as text).
-fn message_content(
-    content: Option<&Value>,
-    role: &str,
-    param: &str,
-) -> Result<Value, RequestError> {
+fn message_content(content: Option<&Value>, role: &str, param: At) -> Result<Value, RequestError> {
     let parts = match content {
         Some(Value::String(s)) => return Ok(Value::String(s.clone())),
         Some(Value::Array(parts)) => parts,
@@ -327,7 +337,7 @@ fn message_content(
 }
 
 /// Text parts joined, for content chat takes as a string.
-fn text_of(parts: &[Value], param: &str) -> Result<String, RequestError> {
+fn text_of(parts: &[Value], param: At) -> Result<String, RequestError> {
     let mut text = String::new();
     for part in parts {
         match part.get("type").and_then(Value::as_str) {
@@ -342,7 +352,7 @@ fn text_of(parts: &[Value], param: &str) -> Result<String, RequestError> {
     Ok(text)
 }
 
-fn part_text<'a>(part: &'a Value, param: &str) -> Result<&'a str, RequestError> {
+fn part_text<'a>(part: &'a Value, param: At) -> Result<&'a str, RequestError> {
     part.get("text").and_then(Value::as_str).ok_or_else(|| {
         refuse(
             format!("`{param}`: a text part needs a string `text`"),
@@ -351,7 +361,7 @@ fn part_text<'a>(part: &'a Value, param: &str) -> Result<&'a str, RequestError> 
     })
 }
 
-fn unknown_part(kind: Option<&str>, param: &str) -> RequestError {
+fn unknown_part(kind: Option<&str>, param: At) -> RequestError {
     refuse(
         format!(
             "`{param}`: content part type {} is not supported over a chat upstream",
@@ -368,7 +378,7 @@ fn tools(tools: &Value) -> Result<Value, RequestError> {
     };
     let mut out = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
-        let param = format!("tools[{i}]");
+        let param = At { list: "tools", i };
         match tool.get("type").and_then(Value::as_str) {
             Some("function") => {
                 let mut function = Map::new();
@@ -378,17 +388,17 @@ fn tools(tools: &Value) -> Result<Value, RequestError> {
                     }
                 }
                 if !function.get("name").is_some_and(Value::is_string) {
-                    return Err(refuse(format!("`{param}.name` must be a string"), &param));
+                    return Err(refuse(format!("`{param}.name` must be a string"), param));
                 }
                 out.push(json!({"type": "function", "function": function}));
             }
             Some(other) => {
                 return Err(refuse(
                     format!("`{param}`: the built-in tool `{other}` is not available over a chat upstream; only function tools are"),
-                    &param,
+                    param,
                 ))
             }
-            None => return Err(refuse(format!("`{param}.type` must be a string"), &param)),
+            None => return Err(refuse(format!("`{param}.type` must be a string"), param)),
         }
     }
     Ok(Value::Array(out))
