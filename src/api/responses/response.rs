@@ -349,17 +349,29 @@ impl Usage {
             Details::read(chat.prompt_tokens_details)?,
             Details::read(chat.completion_tokens_details)?,
         );
-        Some(Usage {
-            input_tokens: n(chat.prompt_tokens),
+        Some(Usage::of_chat([
+            n(chat.prompt_tokens),
+            n(prompt.cached_tokens),
+            n(chat.completion_tokens),
+            n(completion.reasoning_tokens),
+            n(chat.total_tokens),
+        ]))
+    }
+
+    /// Chat's counts, in the order chat names them: prompt, cached,
+    /// completion, reasoning, total.
+    fn of_chat([prompt, cached, completion, reasoning, total]: [u64; 5]) -> Usage {
+        Usage {
+            input_tokens: prompt,
             input_tokens_details: Cached {
-                cached_tokens: n(prompt.cached_tokens),
+                cached_tokens: cached,
             },
-            output_tokens: n(chat.completion_tokens),
+            output_tokens: completion,
             output_tokens_details: Reasoning {
-                reasoning_tokens: n(completion.reasoning_tokens),
+                reasoning_tokens: reasoning,
             },
-            total_tokens: n(chat.total_tokens),
-        })
+            total_tokens: total,
+        }
     }
 }
 
@@ -408,15 +420,11 @@ pub fn usage(chat: &Value) -> Option<Usage> {
         return None;
     }
     let n = |v: &Value| v.as_u64().unwrap_or(0);
-    Some(Usage {
-        input_tokens: n(&chat["prompt_tokens"]),
-        input_tokens_details: Cached {
-            cached_tokens: n(&chat["prompt_tokens_details"]["cached_tokens"]),
-        },
-        output_tokens: n(&chat["completion_tokens"]),
-        output_tokens_details: Reasoning {
-            reasoning_tokens: n(&chat["completion_tokens_details"]["reasoning_tokens"]),
-        },
-        total_tokens: n(&chat["total_tokens"]),
-    })
+    Some(Usage::of_chat([
+        n(&chat["prompt_tokens"]),
+        n(&chat["prompt_tokens_details"]["cached_tokens"]),
+        n(&chat["completion_tokens"]),
+        n(&chat["completion_tokens_details"]["reasoning_tokens"]),
+        n(&chat["total_tokens"]),
+    ]))
 }
