@@ -340,8 +340,32 @@ fn bench_responses_request(c: &mut Criterion) {
     }
 }
 
+/// A chat request body parsed and its messages checked, as every chat
+/// turn is: one new message (a client that sends only what is new), and
+/// a conversation of 20 sent again (one that resends it each turn).
+fn bench_chat_request(c: &mut Criterion) {
+    use recall::api::parse_request;
+    let message = |i: usize| {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        json!({"role": role, "content": format!("Message {i}, a sentence or two long.")})
+    };
+    let one = json!({"model": "mock", "messages": [message(0)], "stream": false}).to_string();
+    let twenty = json!({"model": "mock", "stream": false,
+        "messages": (0..20).map(message).collect::<Vec<_>>()})
+    .to_string();
+    for (name, body) in [
+        ("chat_request", &one),
+        ("chat_request_20_messages", &twenty),
+    ] {
+        c.bench_function(name, |b| {
+            b.iter(|| parse_request(body.as_bytes(), 1000).expect("parsed"))
+        });
+    }
+}
+
 criterion_group!(
     benches,
+    bench_chat_request,
     bench_reconcile,
     bench_window,
     bench_window_tokens,

@@ -62,8 +62,19 @@ pub fn sse_accumulator(data: &[u8]) {
 /// is split into a stored history and the messages sent now (the split
 /// points come from the input's length, so the fuzzer controls them),
 /// reconciled, stamped, appended, trimmed, windowed and rewritten for the
-/// upstream, as `Session::append` and `vendor::rewrite` do.
+/// upstream, as `Session::append` and `vendor::rewrite` do. Before that,
+/// the body's one-pass reading is held equal to its general one.
 pub fn request_reconcile(data: &[u8]) {
+    // The one-pass reading takes only bodies the general reading takes,
+    // and reads them alike.
+    if let Some(one_pass) = crate::api::chat::one_pass::read(data, 2048) {
+        let general = crate::api::chat::parse_body(data)
+            .and_then(|body| crate::api::chat::request_of(body, 2048));
+        match general {
+            Ok(general) => assert_eq!(one_pass, general, "the two readings differ"),
+            Err(e) => panic!("the one-pass reading took a body the general one refuses: {e}"),
+        }
+    }
     let request = match crate::api::parse_request(data, 2048) {
         Ok(r) => r,
         Err(e) => {

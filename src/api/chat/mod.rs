@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{Map, Value};
 
+pub(crate) mod one_pass;
 mod open;
 mod request;
 

@@ -69,7 +69,7 @@ pub(super) fn user_id(app: &App, headers: &HeaderMap) -> Result<Option<String>, 
 
 /// A chat request body, parsed and checked: everything in it that could
 /// be refused has been, before any state is touched.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct ChatRequest {
     /// The body without `messages` (taken out; `vendor::rewrite` writes the
     /// new list in its place).
@@ -81,6 +81,9 @@ pub struct ChatRequest {
 /// (128 levels) refuses deeper nesting as an error, so no input can
 /// overflow the stack here.
 pub fn parse_request(bytes: &[u8], max_messages: usize) -> Result<ChatRequest, ApiError> {
+    if let Some(request) = super::one_pass::read(bytes, max_messages) {
+        return Ok(request);
+    }
     request_of(parse_body(bytes)?, max_messages)
 }
 

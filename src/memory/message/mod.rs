@@ -20,9 +20,10 @@ use crate::memory::tokens::{self, Encoding};
 
 mod metadata;
 mod parse;
+mod wire;
 
 pub use metadata::Metadata;
-pub use parse::{parse_messages, MessageError};
+pub use parse::{checked, parse_messages, MessageError};
 
 /// A chat message's role. `system` and `developer` are instructions: they
 /// are sent upstream but never stored in a session's history.
@@ -128,49 +129,6 @@ impl Rare {
             && self.tool_calls.is_none()
             && self.tool_call_id.is_none()
             && self.extra.is_empty()
-    }
-}
-
-/// The wire form, as clients and storage write it.
-#[derive(Deserialize)]
-struct Wire {
-    role: Role,
-    #[serde(default)]
-    content: Value,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    tool_calls: Option<Vec<Value>>,
-    #[serde(default)]
-    tool_call_id: Option<String>,
-    #[serde(default)]
-    turn_id: Option<u64>,
-    #[serde(default)]
-    timestamp: Option<i64>,
-    #[serde(default)]
-    metadata: Option<Metadata>,
-    #[serde(flatten)]
-    extra: Map<String, Value>,
-}
-
-impl<'de> Deserialize<'de> for Message {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let w = Wire::deserialize(deserializer)?;
-        let rare = Rare {
-            name: w.name,
-            tool_calls: w.tool_calls,
-            tool_call_id: w.tool_call_id,
-            extra: w.extra,
-        };
-        Ok(Message {
-            role: w.role,
-            content: w.content,
-            turn_id: w.turn_id,
-            timestamp: w.timestamp,
-            metadata: w.metadata,
-            rare: (!rare.is_empty()).then(|| Box::new(rare)),
-            tokens: tokens::Cache::default(),
-        })
     }
 }
 

@@ -58,17 +58,23 @@ pub fn parse_messages(values: Vec<Value>) -> Result<Vec<Message>, MessageError> 
             {
                 return Err(MessageError::BadRole(i));
             }
-            let mut m: Message = serde_json::from_value(Value::Object(obj))
+            let m: Message = serde_json::from_value(Value::Object(obj))
                 .map_err(|e| MessageError::Invalid(i, e.to_string()))?;
-            check_shape(i, &m)?;
-            // A response's mark is recall's to make (`chain`): one a client
-            // sent could stand in for a real response.
-            if let Some(md) = &mut m.metadata {
-                md.remove(crate::memory::chain::KEY);
-            }
-            Ok(m)
+            checked(i, m)
         })
         .collect()
+}
+
+/// A message read from a request, checked in shape (`i` is its place in
+/// `messages`) and cleared of what only recall may write.
+pub fn checked(i: usize, mut m: Message) -> Result<Message, MessageError> {
+    check_shape(i, &m)?;
+    // A response's mark is recall's to make (`chain`): one a client sent
+    // could stand in for a real response.
+    if let Some(md) = &mut m.metadata {
+        md.remove(crate::memory::chain::KEY);
+    }
+    Ok(m)
 }
 
 /// The content types each role may carry, and the fields a role requires.
