@@ -218,9 +218,20 @@ pub fn responses(data: &[u8]) {
         };
         match request::translate(body) {
             Ok(t) => {
-                let chat = crate::api::chat::request_of(t.chat, usize::MAX);
-                // An empty input is refused later, by the handler.
-                if let Err(e) = chat {
+                // The messages are what chat's own reading makes of them.
+                let mut chat = t.chat.clone();
+                let written = serde_json::to_value(&t.messages).expect("messages write");
+                chat.insert("messages".into(), written);
+                match crate::api::chat::request_of(chat, usize::MAX) {
+                    Ok(read) => assert_eq!(read.messages, t.messages, "chat reads them otherwise"),
+                    // An empty input is refused later, by the handler.
+                    Err(e) => {
+                        let empty = format!("{e:?}").contains("empty");
+                        assert!(empty, "translated to a request chat refuses: {e:?}");
+                    }
+                }
+                let built = crate::api::chat::request_with(t.chat, t.messages, usize::MAX);
+                if let Err(e) = built {
                     let empty = format!("{e:?}").contains("empty");
                     assert!(empty, "translated to a request chat refuses: {e:?}");
                 }

@@ -23,7 +23,7 @@ use request::{
     bypass_cache, idempotency_key, label_user, one_streamed_choice, retrying, session_id, user_id,
     CACHE_HEADER,
 };
-pub(crate) use request::{parse_body, request_of};
+pub(crate) use request::{parse_body, request_of, request_with};
 pub use request::{parse_request, ChatRequest};
 
 use super::auth::Access;

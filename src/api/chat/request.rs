@@ -8,7 +8,7 @@ use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, RequestError};
-use crate::memory::message::{parse_messages, Message};
+use crate::memory::message::{checked, parse_messages, Message};
 use crate::memory::session;
 use crate::server::app::App;
 
@@ -126,6 +126,48 @@ pub(crate) fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
+/// `request_of` for messages already built (the Responses API's), held
+/// to the same limits and checks.
+pub(crate) fn request_with(
+    mut body: Map<String, Value>,
+    messages: Vec<Message>,
+    max_messages: usize,
+) -> Result<ChatRequest, ApiError> {
+    count(messages.len(), max_messages)?;
+    let messages = messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| checked(i, m))
+        .collect::<Result<_, _>>()?;
+    // Where `request_of` leaves it, for `vendor::rewrite` to fill.
+    body.insert("messages".into(), Value::Array(Vec::new()));
+    Ok(ChatRequest { body, messages })
+}
+
+/// OpenAI's own answers to a list too short or too long, word for word
+/// where it has one.
+fn count(len: usize, max_messages: usize) -> Result<(), ApiError> {
+    if len == 0 {
+        return Err(RequestError::invalid_code(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+            Some("messages"),
+            "empty_array",
+        )
+        .into());
+    }
+    if len > max_messages {
+        return Err(RequestError::invalid_code(
+            format!(
+                "Invalid 'messages': array too long. Expected an array with maximum length {max_messages} (server.max_request_messages), but got an array with length {len} instead."
+            ),
+            Some("messages"),
+            "array_above_max_length",
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Takes `messages` out of the body; `vendor::rewrite` writes the new list
 /// in the same place.
 fn take_messages(
@@ -133,25 +175,10 @@ fn take_messages(
     max_messages: usize,
 ) -> Result<Vec<Message>, ApiError> {
     match body.get_mut("messages") {
-        // OpenAI's own answers to these two, word for word where it has one.
-        Some(Value::Array(list)) if list.is_empty() => Err(RequestError::invalid_code(
-            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-            Some("messages"),
-            "empty_array",
-        )
-        .into()),
-        Some(Value::Array(list)) if list.len() > max_messages => {
-            Err(RequestError::invalid_code(
-                format!(
-                    "Invalid 'messages': array too long. Expected an array with maximum length {max_messages} (server.max_request_messages), but got an array with length {} instead.",
-                    list.len()
-                ),
-                Some("messages"),
-                "array_above_max_length",
-            )
-            .into())
+        Some(Value::Array(list)) => {
+            count(list.len(), max_messages)?;
+            Ok(parse_messages(std::mem::take(list))?)
         }
-        Some(Value::Array(list)) => Ok(parse_messages(std::mem::take(list))?),
         Some(_) => {
             Err(RequestError::invalid("`messages` must be an array", Some("messages")).into())
         }

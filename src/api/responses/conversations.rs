@@ -23,7 +23,7 @@ use crate::api::sessions::{self, Target, Turns};
 use crate::api::{PathParams, QueryParams};
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::interruption;
-use crate::memory::message::{parse_messages, Message};
+use crate::memory::message::Message;
 use crate::memory::session::Session;
 use crate::server::app::App;
 
@@ -115,7 +115,7 @@ fn new_items(body: &Map<String, Value>, max: usize) -> Result<Vec<Message>, ApiE
         )
         .into());
     }
-    let messages = parse_messages(items_to_messages(list, "items")?)?;
+    let messages = items_to_messages(list, "items")?;
     if let Some(i) = messages.iter().position(Message::is_instruction) {
         return Err(RequestError::invalid(
             format!("`items[{i}]` is a {} message: instructions go in a response's `instructions`, or in the session's system_messages", messages[i].role),

@@ -52,11 +52,15 @@ pub async fn create(
         .get("instructions")
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let t = translate(body)?;
+    let mut t = translate(body)?;
     let chat::ChatRequest {
         body: chat_body,
         mut messages,
-    } = chat::request_of(t.chat, app.config.server.max_request_messages)?;
+    } = chat::request_with(
+        std::mem::take(&mut t.chat),
+        std::mem::take(&mut t.messages),
+        app.config.server.max_request_messages,
+    )?;
     let access = arrival.access.clone();
     let conversation = match (
         &t.conversation,

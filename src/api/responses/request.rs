@@ -28,12 +28,16 @@
 use serde_json::{json, Map, Value};
 
 use crate::error::RequestError;
+use crate::memory::message::{Message, Role};
 
 /// What a Responses request comes to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Translated {
-    /// The chat request body, `messages` included.
+    /// The chat request body, but for its `messages`.
     pub chat: Map<String, Value>,
+    /// Its messages, built as `Message`s: a `Value` of each, read again
+    /// by chat's parser, cost a long input about a microsecond an item.
+    pub messages: Vec<Message>,
     pub previous_response_id: Option<String>,
     /// The conversation's id (given as a string or as `{"id": ...}`).
     pub conversation: Option<String>,
@@ -105,11 +109,11 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
     let mut messages = Vec::new();
     match body.get("instructions") {
         None | Some(Value::Null) => {}
-        Some(Value::String(text)) => messages.push(json!({"role": "system", "content": text})),
+        Some(Value::String(text)) => messages.push(Message::new(Role::System, text.clone())),
         Some(_) => return Err(refuse("`instructions` must be a string", "instructions")),
     }
     match body.get("input") {
-        Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
+        Some(Value::String(text)) => messages.push(Message::new(Role::User, text.clone())),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
                 input_item(item, At { list: "input", i }, &mut messages)?;
@@ -125,7 +129,6 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
     }
 
     let mut chat = Map::new();
-    chat.insert("messages".into(), Value::Array(messages));
     if let Some(tools) = body.get("tools").filter(|t| !t.is_null()) {
         chat.insert("tools".into(), self::tools(tools)?);
     }
@@ -157,6 +160,7 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
     }
     Ok(Translated {
         chat,
+        messages,
         previous_response_id,
         conversation,
         store,
@@ -167,7 +171,7 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
 
 /// The Conversations API's `items` as chat messages (`param` names the
 /// list in errors).
-pub fn items_to_messages(items: &[Value], param: &str) -> Result<Vec<Value>, RequestError> {
+pub fn items_to_messages(items: &[Value], param: &str) -> Result<Vec<Message>, RequestError> {
     let mut messages = Vec::new();
     for (i, item) in items.iter().enumerate() {
         input_item(item, At { list: param, i }, &mut messages)?;
@@ -210,7 +214,7 @@ fn flag(body: &Map<String, Value>, key: &str, default: bool) -> Result<bool, Req
 }
 
 /// One input item, appended to `messages` as chat messages.
-fn input_item(item: &Value, param: At, messages: &mut Vec<Value>) -> Result<(), RequestError> {
+fn input_item(item: &Value, param: At, messages: &mut Vec<Message>) -> Result<(), RequestError> {
     let Some(item) = item.as_object() else {
         return Err(refuse(format!("`{param}` must be an object"), param));
     };
@@ -222,8 +226,12 @@ fn input_item(item: &Value, param: At, messages: &mut Vec<Value>) -> Result<(), 
     };
     match kind {
         "message" => {
-            let role = match item.get("role").and_then(Value::as_str) {
-                Some(r @ ("user" | "assistant" | "system" | "developer")) => r,
+            let role = match item
+                .get("role")
+                .and_then(Value::as_str)
+                .and_then(Role::parse)
+            {
+                Some(r @ (Role::User | Role::Assistant | Role::System | Role::Developer)) => r,
                 _ => {
                     return Err(refuse(
                         format!("`{param}.role` must be user, assistant, system or developer"),
@@ -232,7 +240,7 @@ fn input_item(item: &Value, param: At, messages: &mut Vec<Value>) -> Result<(), 
                 }
             };
             let content = message_content(item.get("content"), role, param)?;
-            messages.push(json!({"role": role, "content": content}));
+            messages.push(Message::new(role, content));
         }
         "function_call" => {
             let field = |name: &str| {
@@ -245,16 +253,12 @@ fn input_item(item: &Value, param: At, messages: &mut Vec<Value>) -> Result<(), 
             // Calls made together are one assistant message, as a chat
             // model makes them; so is a reply's text and the calls after it.
             match messages.last_mut() {
-                Some(last) if last["role"] == "assistant" => {
-                    let calls = last
-                        .as_object_mut()
-                        .map(|m| m.entry("tool_calls").or_insert_with(|| json!([])));
-                    if let Some(Value::Array(calls)) = calls {
-                        calls.push(call);
-                    }
+                Some(last) if last.role == Role::Assistant => last.push_tool_call(call),
+                _ => {
+                    let mut m = Message::new(Role::Assistant, Value::Null);
+                    m.push_tool_call(call);
+                    messages.push(m);
                 }
-                _ => messages
-                    .push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
             }
         }
         "function_call_output" => {
@@ -272,7 +276,9 @@ fn input_item(item: &Value, param: At, messages: &mut Vec<Value>) -> Result<(), 
                     ))
                 }
             };
-            messages.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+            let mut m = Message::new(Role::Tool, output);
+            m.set_tool_call_id(Some(call_id.to_owned()));
+            messages.push(m);
         }
         // The model's own reasoning: a chat upstream cannot take it back.
         "reasoning" => {}
@@ -295,7 +301,7 @@ fn input_item(item: &Value, param: At, messages: &mut Vec<Value>) -> Result<(), 
 /// A message item's content as chat content: a string stays; parts become
 /// chat parts, or one string for an assistant (whose content chat takes
 /// as text).
-fn message_content(content: Option<&Value>, role: &str, param: At) -> Result<Value, RequestError> {
+fn message_content(content: Option<&Value>, role: Role, param: At) -> Result<Value, RequestError> {
     let parts = match content {
         Some(Value::String(s)) => return Ok(Value::String(s.clone())),
         Some(Value::Array(parts)) => parts,
@@ -306,7 +312,7 @@ fn message_content(content: Option<&Value>, role: &str, param: At) -> Result<Val
             ))
         }
     };
-    if role != "user" {
+    if role != Role::User {
         return Ok(Value::String(text_of(parts, param)?));
     }
     let mut out = Vec::with_capacity(parts.len());

@@ -252,6 +252,15 @@ impl Message {
         self.tidy();
     }
 
+    /// Appends a call to the message's `tool_calls`, making the list if
+    /// there is none.
+    pub fn push_tool_call(&mut self, call: Value) {
+        self.rare_mut()
+            .tool_calls
+            .get_or_insert_with(Vec::new)
+            .push(call);
+    }
+
     pub fn tool_call_id(&self) -> Option<&str> {
         self.rare.as_ref()?.tool_call_id.as_deref()
     }
