@@ -24,6 +24,18 @@ pub(crate) fn read(bytes: &[u8], max_messages: usize) -> Option<ChatRequest> {
     if messages.is_empty() || messages.len() > max_messages {
         return None;
     }
+    // serde_json's `Value` reads an object that opens with this key as the
+    // JSON text it holds (its raw-value feature is on); the maps read here
+    // without a `Value` would keep it as a key.
+    let token = |m: &Message| {
+        m.extra_get(RAW_VALUE_KEY).is_some()
+            || m.metadata
+                .as_ref()
+                .is_some_and(|md| md.get(RAW_VALUE_KEY).is_some())
+    };
+    if body.contains_key(RAW_VALUE_KEY) || messages.iter().any(token) {
+        return None;
+    }
     let messages = messages
         .into_iter()
         .enumerate()
@@ -32,6 +44,8 @@ pub(crate) fn read(bytes: &[u8], max_messages: usize) -> Option<ChatRequest> {
         .ok()?;
     Some(ChatRequest { body, messages })
 }
+
+const RAW_VALUE_KEY: &str = "$serde_json::private::RawValue";
 
 struct Body {
     /// As the general reading leaves it: `messages` taken out, `[]` in its
@@ -126,6 +140,13 @@ mod tests {
             r#"[{"role": "user", "content": "a"}]"#,
             r#"{"messages": [{"role": "robot", "content": "a"}]}"#,
             r#"{"messages": [{"content": "a"}]}"#,
+            r#"{"messages": [{"role": {"user": null}, "content": "a"}]}"#,
+            // serde_json's raw-value token, which a `Value` reads as the
+            // JSON text it holds, at each level read without a `Value`.
+            r#"{"$serde_json::private::RawValue": "1", "messages": [{"role": "user", "content": "a"}]}"#,
+            r#"{"messages": [{"$serde_json::private::RawValue": "1", "role": "user", "content": "a"}]}"#,
+            r#"{"messages": [{"role": "user", "content": "a", "metadata": {"$serde_json::private::RawValue": "{\"source\":\"asr\"}"}}]}"#,
+            r#"{"messages": [{"role": "user", "content": "a", "metadata": {"\u0024serde_json::private::RawValue": "null"}}]}"#,
             r#"{"messages": [7]}"#,
             r#"{"messages": [{"role": "tool", "content": "42"}]}"#,
             r#"{"messages": [{"role": "user"}]}"#,

@@ -21,7 +21,8 @@
 //! | anything else | passed through |
 //!
 //! Refused with a 400 that names the field: built-in tools (`web_search`,
-//! `file_search`, ...), `background: true`, `prompt` templates, item
+//! `file_search`, ...), `background: true`, `prompt` templates, chat's
+//! `messages`, item
 //! references and item types recall does not know, and
 //! `previous_response_id` together with `conversation`.
 
@@ -80,6 +81,14 @@ pub fn translate(mut body: Map<String, Value>) -> Result<Translated, RequestErro
         return Err(refuse(
             "`prompt` templates are not supported: send `instructions` and `input`",
             "prompt",
+        ));
+    }
+    // A chat body sent here by mistake: its `messages` would be dropped
+    // (`input` is the conversation), so it is refused rather than ignored.
+    if body.contains_key("messages") {
+        return Err(refuse(
+            "`messages` is a chat completions field: the Responses API takes the conversation as `input`",
+            "messages",
         ));
     }
     let previous_response_id = optional_string(&body, "previous_response_id")?;

@@ -168,6 +168,16 @@ fn what_a_chat_upstream_cannot_do_is_refused_by_name() {
         ),
         (json!({"model": "m", "input": 5}), "input", "string"),
         (
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            "messages",
+            "`input`",
+        ),
+        (
+            json!({"model": "m", "input": "hi", "messages": "x"}),
+            "messages",
+            "chat completions",
+        ),
+        (
             json!({"model": "m", "input": "hi", "tool_choice": {"type": "file_search"}}),
             "tool_choice",
             "function",

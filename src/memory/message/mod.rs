@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use crate::memory::tokens::{self, Encoding};
@@ -27,8 +27,7 @@ pub use parse::{checked, parse_messages, MessageError};
 
 /// A chat message's role. `system` and `developer` are instructions: they
 /// are sent upstream but never stored in a session's history.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     System,
     Developer,

@@ -77,6 +77,32 @@ impl<'de> Visitor<'de> for MessageVisitor {
     }
 }
 
+/// A role is one of its six names, as a string: a derived enum would also
+/// take `{"user": null}`, which the check of `parse_messages` refuses.
+impl<'de> Deserialize<'de> for Role {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RoleVisitor;
+        impl Visitor<'_> for RoleVisitor {
+            type Value = Role;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a role")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Role, E> {
+                const NAMES: &[&str] = &[
+                    "system",
+                    "developer",
+                    "user",
+                    "assistant",
+                    "tool",
+                    "function",
+                ];
+                Role::parse(v).ok_or_else(|| E::unknown_variant(v, NAMES))
+            }
+        }
+        deserializer.deserialize_str(RoleVisitor)
+    }
+}
+
 /// Sets a field seen for the first time; a second is an error, as the
 /// derive makes it.
 fn once<T, E: de::Error>(slot: &mut Option<T>, field: &'static str, value: T) -> Result<(), E> {
@@ -171,6 +197,12 @@ mod tests {
         assert!(err(r#"{"role": "user", "role": "user"}"#).starts_with("duplicate field `role`"));
         assert!(err(r#"{"content": "a"}"#).starts_with("missing field `role`"));
         assert!(err(r#"{"role": "robot"}"#).starts_with("unknown variant `robot`"));
+        // A derived enum took a variant's map form too.
+        assert!(
+            err(r#"{"role": {"user": null}}"#).starts_with("invalid type: map, expected a role")
+        );
+        let v = serde_json::json!({"role": {"user": null}});
+        assert!(serde_json::from_value::<Message>(v).is_err());
         assert!(err(r#"{"role": "user", "turn_id": "1"}"#).starts_with("invalid type: string"));
         assert!(err(r#"["user"]"#).starts_with("invalid type: sequence, expected a chat message"));
     }
