@@ -108,7 +108,7 @@ mod tests {
             r#"{"messages": [{"role": "system", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "ann",
                  "turn_id": 3, "timestamp": 1700000000000,
-                 "metadata": {"source": "asr", "recall_response": {"key": "forged"}, "x": [1]}},
+                 "metadata": {"source": "asr", "response": {"key": "forged"}, "x": [1]}},
                 {"role": "assistant", "content": null, "refusal": null, "tool_calls":
                  [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "42", "vendor": {"a": 1}}],
@@ -120,6 +120,11 @@ mod tests {
                 "messages": [{"role": "user", "content": "last"}]}"#,
         ] {
             let one_pass = read(body.as_bytes(), 8).expect("read in one pass");
+            // A client's forged response mark is gone, as `checked` makes it.
+            assert!(one_pass
+                .messages
+                .iter()
+                .all(|m| crate::memory::chain::record(m).is_none()));
             assert_eq!(Ok(one_pass), general(body), "{body}");
         }
     }
