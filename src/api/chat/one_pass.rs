@@ -15,7 +15,7 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
 use super::request::ChatRequest;
-use crate::memory::message::{checked, Message};
+use crate::memory::message::{check_messages, Message};
 
 /// The request, or `None` where the general reading must decide.
 pub(crate) fn read(bytes: &[u8], max_messages: usize) -> Option<ChatRequest> {
@@ -36,12 +36,7 @@ pub(crate) fn read(bytes: &[u8], max_messages: usize) -> Option<ChatRequest> {
     if body.contains_key(RAW_VALUE_KEY) || messages.iter().any(token) {
         return None;
     }
-    let messages = messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| checked(i, m))
-        .collect::<Result<_, _>>()
-        .ok()?;
+    let messages = check_messages(messages).ok()?;
     Some(ChatRequest { body, messages })
 }
 
@@ -120,7 +115,7 @@ mod tests {
                 "messages": [{"role": "user", "content": "last"}]}"#,
         ] {
             let one_pass = read(body.as_bytes(), 8).expect("read in one pass");
-            // A client's forged response mark is gone, as `checked` makes it.
+            // A client's forged response mark is gone, as `check_messages` makes it.
             assert!(one_pass
                 .messages
                 .iter()

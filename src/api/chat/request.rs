@@ -8,7 +8,7 @@ use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, RequestError};
-use crate::memory::message::{checked, parse_messages, Message};
+use crate::memory::message::{check_messages, parse_messages, Message};
 use crate::memory::session;
 use crate::server::app::App;
 
@@ -134,11 +134,7 @@ pub(crate) fn request_with(
     max_messages: usize,
 ) -> Result<ChatRequest, ApiError> {
     count(messages.len(), max_messages)?;
-    let messages = messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| checked(i, m))
-        .collect::<Result<_, _>>()?;
+    let messages = check_messages(messages)?;
     // Where `request_of` leaves it, for `vendor::rewrite` to fill.
     body.insert("messages".into(), Value::Array(Vec::new()));
     Ok(ChatRequest { body, messages })

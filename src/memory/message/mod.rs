@@ -23,7 +23,7 @@ mod parse;
 mod wire;
 
 pub use metadata::Metadata;
-pub use parse::{checked, parse_messages, MessageError};
+pub use parse::{check_messages, parse_messages, MessageError};
 
 /// A chat message's role. `system` and `developer` are instructions: they
 /// are sent upstream but never stored in a session's history.

@@ -65,9 +65,19 @@ pub fn parse_messages(values: Vec<Value>) -> Result<Vec<Message>, MessageError> 
         .collect()
 }
 
+/// Messages read without a `Value` (chat's one-pass reading, the
+/// Responses API's translation), each `checked` in its place.
+pub fn check_messages(messages: Vec<Message>) -> Result<Vec<Message>, MessageError> {
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| checked(i, m))
+        .collect()
+}
+
 /// A message read from a request, checked in shape (`i` is its place in
 /// `messages`) and cleared of what only recall may write.
-pub fn checked(i: usize, mut m: Message) -> Result<Message, MessageError> {
+fn checked(i: usize, mut m: Message) -> Result<Message, MessageError> {
     check_shape(i, &m)?;
     // A response's mark is recall's to make (`chain`): one a client sent
     // could stand in for a real response.
