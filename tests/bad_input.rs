@@ -397,8 +397,19 @@ fn rows() -> Vec<Row> {
 
 /// Sends raw bytes and reads the answer until the server closes.
 async fn raw_http(addr: &str, request: &[u8], keep_writing_open: bool) -> (u16, Value) {
+    raw_http_in_pieces(addr, &[request], keep_writing_open).await
+}
+
+/// As `raw_http`, the request written piece by piece, 50 ms apart.
+async fn raw_http_in_pieces(addr: &str, pieces: &[&[u8]], keep_writing_open: bool) -> (u16, Value) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request).await.unwrap();
+    for (i, piece) in pieces.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stream.write_all(piece).await.unwrap();
+        stream.flush().await.unwrap();
+    }
     if !keep_writing_open {
         // Nothing more will come; the server may still answer.
         let _ = stream.flush().await;
@@ -576,6 +587,51 @@ async fn nesting_just_under_the_limit_goes_through() {
     assert_eq!(status, 200);
     assert_eq!(history["contents"][0]["metadata"]["a"], deep);
     h.say("deep", "more").await;
+}
+
+/// A body that arrives in pieces (a slow client, chunked encoding) is
+/// read whole, as one that arrives at once: recall takes a body that
+/// comes in one frame as it is, and gathers any other.
+#[tokio::test]
+async fn a_body_sent_in_pieces_is_read_whole() {
+    let h = Harness::default().await;
+    let addr = h.url.trim_start_matches("http://");
+    let body = json!({"model": "m", "messages": [user("sent in pieces")]}).to_string();
+    let (a, b) = body.split_at(body.len() / 2);
+    let request = |session: &str, framing: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nx-session-id: {session}\r\ncontent-type: application/json\r\nconnection: close\r\n{framing}\r\n\r\n"
+        )
+    };
+    let by_length = request("by-length", &format!("content-length: {}", body.len()));
+    let chunked = request("chunked", "transfer-encoding: chunked");
+    let (chunk_a, chunk_b) = (
+        format!("{:x}\r\n{a}\r\n", a.len()),
+        format!("{:x}\r\n{b}\r\n0\r\n\r\n", b.len()),
+    );
+    for (session, pieces) in [
+        (
+            "by-length",
+            [by_length.as_bytes(), a.as_bytes(), b.as_bytes()],
+        ),
+        (
+            "chunked",
+            [chunked.as_bytes(), chunk_a.as_bytes(), chunk_b.as_bytes()],
+        ),
+    ] {
+        let (status, answer) = raw_http_in_pieces(addr, &pieces, false).await;
+        assert_eq!(status, 200, "{session}: {answer}");
+        assert_eq!(
+            h.upstream.last().transcript(),
+            ["user: sent in pieces"],
+            "{session}"
+        );
+        let (_, history) = h.history(session).await;
+        assert_eq!(
+            history["contents"][0]["content"], "sent in pieces",
+            "{session}"
+        );
+    }
 }
 
 /// Deep nesting from the upstream (an SSE event, a completion body) is

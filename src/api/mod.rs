@@ -15,6 +15,7 @@ use std::time::Duration;
 use std::collections::HashMap;
 
 use axum::body::Body;
+use axum::body::HttpBody as _;
 use axum::extract::path::ErrorKind;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
@@ -24,7 +25,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post, put, MethodRouter};
 use axum::Router;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use subtle::ConstantTimeEq;
@@ -280,18 +281,80 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T>
 pub(crate) async fn read_body(app: &App, body: Body) -> Result<Bytes, ApiError> {
     let limit = app.config.server.max_body_bytes;
     let secs = app.config.server.request_body_timeout_secs;
-    let limited = http_body_util::Limited::new(body, limit);
-    let collected = tokio::time::timeout(Duration::from_secs(secs), limited.collect()).await;
-    let Ok(collected) = collected else {
+    let read = tokio::time::timeout(Duration::from_secs(secs), whole(body, limit)).await;
+    let Ok(read) = read else {
         return Err(RequestError::BodyTimeout { secs }.into());
     };
-    match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
+    match read {
+        Ok(bytes) => Ok(bytes),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(RequestError::TooLarge { limit }.into())
         }
         Err(e) => {
             Err(RequestError::invalid(format!("could not read the request body: {e}"), None).into())
         }
+    }
+}
+
+/// A body's bytes, at most `limit` of them (else a
+/// `http_body_util::LengthLimitError`). A body that comes in one frame
+/// (most requests, and every answer the relay read whole) is taken as it
+/// is, where `collect` would queue its frames and copy them out.
+pub(crate) async fn whole(body: Body, limit: usize) -> Result<Bytes, BoxError> {
+    let mut body = http_body_util::Limited::new(body, limit);
+    let first = match body.frame().await {
+        Some(frame) => frame?.into_data().unwrap_or_default(),
+        None => return Ok(Bytes::new()),
+    };
+    if body.is_end_stream() {
+        return Ok(first);
+    }
+    let rest = body.collect().await?.to_bytes();
+    let mut all = BytesMut::with_capacity(first.len() + rest.len());
+    all.extend_from_slice(&first);
+    all.extend_from_slice(&rest);
+    Ok(all.freeze())
+}
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::LengthLimitError;
+
+    fn in_frames(frames: &[&'static str]) -> Body {
+        let frames: Vec<Result<Bytes, std::io::Error>> = frames
+            .iter()
+            .map(|f| Ok(Bytes::from_static(f.as_bytes())))
+            .collect();
+        Body::from_stream(futures_util::stream::iter(frames))
+    }
+
+    #[tokio::test]
+    async fn a_body_in_one_frame_is_taken_as_it_is() {
+        let bytes = Bytes::from_static(b"{\"model\": \"m\"}");
+        let read = whole(Body::from(bytes.clone()), 100).await.unwrap();
+        assert_eq!(read, bytes);
+        assert_eq!(read.as_ptr(), bytes.as_ptr(), "not copied");
+        assert_eq!(whole(Body::empty(), 100).await.unwrap(), Bytes::new());
+    }
+
+    #[tokio::test]
+    async fn a_body_in_frames_is_gathered_in_order() {
+        let read = whole(in_frames(&["{\"a\"", ": 1,", " \"b\": 2}"]), 100).await;
+        assert_eq!(read.unwrap(), Bytes::from_static(b"{\"a\": 1, \"b\": 2}"));
+        let read = whole(in_frames(&["", "x", ""]), 100).await;
+        assert_eq!(read.unwrap(), Bytes::from_static(b"x"));
+    }
+
+    #[tokio::test]
+    async fn the_limit_holds_in_the_first_frame_and_across_frames() {
+        for frames in [&["0123456789ab"][..], &["01234", "56789", "ab"]] {
+            let err = whole(in_frames(frames), 10).await.unwrap_err();
+            assert!(err.is::<LengthLimitError>(), "{frames:?}: {err}");
+        }
+        let exact = whole(in_frames(&["01234", "56789"]), 10).await;
+        assert_eq!(exact.unwrap(), Bytes::from_static(b"0123456789"));
     }
 }

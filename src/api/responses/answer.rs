@@ -11,7 +11,6 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::Stream;
-use http_body_util::BodyExt;
 use sse_parse::SseParser;
 
 use super::events::Events;
@@ -50,14 +49,12 @@ pub async fn translate(
         };
         return Ok(Response::from_parts(parts, Body::from_stream(events)));
     }
-    let bytes = http_body_util::Limited::new(body, MAX_ANSWER_BYTES)
-        .collect()
+    let bytes = crate::api::whole(body, MAX_ANSWER_BYTES)
         .await
         .map_err(|e| {
             tracing::error!(error = %e, "could not read the chat answer back");
             ApiError::Internal
-        })?
-        .to_bytes();
+        })?;
     // Read once more, typed and borrowed: the relay read it for the record.
     let mut spare = Vec::new();
     let completion = Completion::read(&bytes, &mut spare).map_err(|e| {
