@@ -58,10 +58,7 @@ pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
     router
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(
-            Arc::clone(app),
-            observe::observe,
-        ))
+        .layer(observe::ObserveLayer(Arc::clone(app)))
 }
 
 /// The routes under `/v1`, by their path below it.

@@ -7,16 +7,21 @@
 //! relay task runs inside the same span, so its warnings carry them too.
 //! Message contents and keys never go into a span or a line above `trace`.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderMap, HeaderValue};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tower_layer::Layer;
+use tower_service::Service;
 use tracing::field::Empty;
-use tracing::Instrument;
+use tracing::instrument::{Instrument, Instrumented};
 
 use crate::error::{ApiError, RequestError};
 use crate::metrics::RequestLabels;
@@ -38,58 +43,169 @@ impl ServedBy {
     }
 }
 
-pub async fn observe(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let id = client_request_id(request.headers()).unwrap_or_else(new_request_id);
-    let route = route_label(request.extensions().get::<MatchedPath>());
-    let quiet = matches!(route.as_str(), "/healthz" | "/readyz" | "/metrics");
-    let span = tracing::info_span!(
-        "request",
-        id = %id,
-        method = %request.method(),
-        route = %route,
-        session = Empty,
-        turn = Empty,
-        upstream = Empty,
-        status = Empty,
-        ms = Empty,
-    );
-    let served = ServedBy::default();
-    request.extensions_mut().insert(served.clone());
-    let mut response = match headers_too_large(&app, request.headers()) {
-        Some(refused) => refused.into_response(),
-        None => next.run(request).instrument(span.clone()).await,
-    };
-    let took = started.elapsed();
-    let status = response.status().as_u16();
-    let upstream = served.0.get().cloned().unwrap_or_default();
-    span.record("status", status);
-    span.record("ms", took.as_secs_f64() * 1000.0);
-    span.in_scope(|| {
-        if quiet {
-            tracing::debug!("request answered");
-        } else if status >= 500 {
-            tracing::warn!("request answered");
-        } else {
-            tracing::info!("request answered");
+/// `observe` around every route. A service of its own rather than
+/// `middleware::from_fn`: that clones the route's boxed service and boxes
+/// a future for every request, where this calls the route in place and
+/// wraps its future (BENCHMARKS.md, item 38).
+#[derive(Clone)]
+pub struct ObserveLayer(pub Arc<App>);
+
+impl<S> Layer<S> for ObserveLayer {
+    type Service = Observe<S>;
+
+    fn layer(&self, inner: S) -> Observe<S> {
+        Observe {
+            inner,
+            app: Arc::clone(&self.0),
         }
-    });
-    app.metrics.request(
-        &RequestLabels {
-            route,
-            status,
-            upstream,
-        },
-        took,
-    );
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        let headers = response.headers_mut();
-        if let Some(theirs) = headers.remove(REQUEST_ID) {
-            headers.insert("x-upstream-request-id", theirs);
-        }
-        headers.insert(REQUEST_ID, v);
     }
-    response
+}
+
+#[derive(Clone)]
+pub struct Observe<S> {
+    inner: S,
+    app: Arc<App>,
+}
+
+impl<S> Service<Request> for Observe<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Observed<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        let started = Instant::now();
+        let id = client_request_id(request.headers()).unwrap_or_else(new_request_id);
+        let route = route_label(request.extensions().get::<MatchedPath>());
+        let quiet = matches!(route.as_str(), "/healthz" | "/readyz" | "/metrics");
+        let span = tracing::info_span!(
+            "request",
+            id = %id,
+            method = %request.method(),
+            route = %route,
+            session = Empty,
+            turn = Empty,
+            upstream = Empty,
+            status = Empty,
+            ms = Empty,
+        );
+        let served = ServedBy::default();
+        request.extensions_mut().insert(served.clone());
+        let (inner, refused) = match headers_too_large(&self.app, request.headers()) {
+            Some(refused) => (None, Some(refused.into_response())),
+            None => {
+                let call = span.in_scope(|| self.inner.call(request));
+                (Some(call.instrument(span.clone())), None)
+            }
+        };
+        Observed {
+            inner,
+            refused,
+            after: Some(After {
+                app: Arc::clone(&self.app),
+                started,
+                id,
+                route,
+                quiet,
+                span,
+                served,
+            }),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The route's answer, and what every request leaves behind once it
+    /// is ready.
+    pub struct Observed<F> {
+        #[pin]
+        inner: Option<Instrumented<F>>,
+        // Headers too large: the route was not called.
+        refused: Option<Response>,
+        // Taken when the answer is ready.
+        after: Option<After>,
+    }
+}
+
+impl<F: Future<Output = Result<Response, Infallible>>> Future for Observed<F> {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = match this.inner.as_pin_mut() {
+            Some(inner) => match std::task::ready!(inner.poll(cx)) {
+                Ok(response) => response,
+                Err(never) => match never {},
+            },
+            None => this.refused.take().unwrap_or_default(),
+        };
+        Poll::Ready(Ok(match this.after.take() {
+            Some(after) => after.answered(response),
+            // Polled again after it answered: a caller's bug, not a request's.
+            None => response,
+        }))
+    }
+}
+
+/// What the request's line, metrics and id header need once it answers.
+struct After {
+    app: Arc<App>,
+    started: Instant,
+    id: String,
+    route: String,
+    quiet: bool,
+    span: tracing::Span,
+    served: ServedBy,
+}
+
+impl After {
+    fn answered(self, mut response: Response) -> Response {
+        let Self {
+            app,
+            started,
+            id,
+            route,
+            quiet,
+            span,
+            served,
+        } = self;
+        let took = started.elapsed();
+        let status = response.status().as_u16();
+        let upstream = served.0.get().cloned().unwrap_or_default();
+        span.record("status", status);
+        span.record("ms", took.as_secs_f64() * 1000.0);
+        span.in_scope(|| {
+            if quiet {
+                tracing::debug!("request answered");
+            } else if status >= 500 {
+                tracing::warn!("request answered");
+            } else {
+                tracing::info!("request answered");
+            }
+        });
+        app.metrics.request(
+            &RequestLabels {
+                route,
+                status,
+                upstream,
+            },
+            took,
+        );
+        if let Ok(v) = HeaderValue::from_str(&id) {
+            let headers = response.headers_mut();
+            if let Some(theirs) = headers.remove(REQUEST_ID) {
+                headers.insert("x-upstream-request-id", theirs);
+            }
+            headers.insert(REQUEST_ID, v);
+        }
+        response
+    }
 }
 
 /// Headers past `max_header_bytes` are refused before any handler runs
