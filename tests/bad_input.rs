@@ -400,12 +400,13 @@ async fn raw_http(addr: &str, request: &[u8], keep_writing_open: bool) -> (u16, 
     raw_http_in_pieces(addr, &[request], keep_writing_open).await
 }
 
-/// As `raw_http`, the request written piece by piece, 50 ms apart.
+/// As `raw_http`, the request written piece by piece, 200 ms apart (so
+/// that the server reads each on its own, even on a loaded machine).
 async fn raw_http_in_pieces(addr: &str, pieces: &[&[u8]], keep_writing_open: bool) -> (u16, Value) {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     for (i, piece) in pieces.iter().enumerate() {
         if i > 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         stream.write_all(piece).await.unwrap();
         stream.flush().await.unwrap();

@@ -44,9 +44,10 @@ impl ServedBy {
 }
 
 /// `observe` around every route. A service of its own rather than
-/// `middleware::from_fn`: that clones the route's boxed service and boxes
-/// a future for every request, where this calls the route in place and
-/// wraps its future (BENCHMARKS.md, item 38).
+/// `middleware::from_fn`, which for every request clones the route's boxed
+/// service once more, boxes its own future and calls the route through
+/// `Next`: this calls the route it holds and wraps the route's future
+/// (BENCHMARKS.md, item 38).
 #[derive(Clone)]
 pub struct ObserveLayer(pub Arc<App>);
 
@@ -143,13 +144,16 @@ impl<F: Future<Output = Result<Response, Infallible>>> Future for Observed<F> {
                 Ok(response) => response,
                 Err(never) => match never {},
             },
-            None => this.refused.take().unwrap_or_default(),
+            None => this
+                .refused
+                .take()
+                .expect("an observed future polled after it answered"),
         };
-        Poll::Ready(Ok(match this.after.take() {
-            Some(after) => after.answered(response),
-            // Polled again after it answered: a caller's bug, not a request's.
-            None => response,
-        }))
+        let after = this
+            .after
+            .take()
+            .expect("an observed future polled after it answered");
+        Poll::Ready(Ok(after.answered(response)))
     }
 }
 
