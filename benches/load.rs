@@ -8,7 +8,10 @@
 //! that resends the conversation (20 prior messages a request, about the
 //! window recall sends upstream from its store, as a client without
 //! memory in the proxy must), through recall with the memory and the
-//! sqlite backend, and through LiteLLM's proxy (if `litellm` is installed).
+//! sqlite backend, through recall (memory) sending upstream what the hop
+//! sends (its system message and a window of one: recall's own machinery
+//! against the hop's, without the window's bytes), and through LiteLLM's
+//! proxy (if `litellm` is installed).
 //! Load is open-loop at a fixed rate; latency is measured from each
 //! request's intended send time, so queueing shows. Every scenario also
 //! gives recall's and the hop's CPU time per request (from `/proc`), which
@@ -290,6 +293,27 @@ async fn start_recall_with(
 ) -> Target {
     let history = format!("[history]\nwindow_messages = 20\nmax_messages = {max_messages}\n");
     launch(mock, backend, workers, &history).await
+}
+
+/// The naive hop's system message (`benches/naive_hop.rs`).
+const HOP_SYSTEM: &str = "You are a helpful assistant.";
+
+/// recall (memory) configured to send upstream what the naive hop sends:
+/// the hop's system message and the new message (a window of one). It
+/// still keeps, reconciles, stores and records every turn; only the
+/// conversation it sends is the hop's. Its rows split recall's cost
+/// against the hop into its own machinery and the window it sends.
+async fn start_recall_as_hop(mock: SocketAddr) -> Target {
+    let sections = format!(
+        "[history]\nwindow_messages = 1\nmax_messages = 20000\n\
+         [[system_messages]]\ncontent = \"{HOP_SYSTEM}\"\n"
+    );
+    let mut target = launch(mock, "memory", bench_threads(), &sections).await;
+    target.name = format!(
+        "{}, sending what the hop sends)",
+        target.name.trim_end_matches(')')
+    );
+    target
 }
 
 /// recall with `sections` (`[history]` at least, any others) and the rest
@@ -1102,6 +1126,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         child: None,
     };
     let memory = start_recall(mock, "memory", 20_000).await;
+    let memory_as_hop = start_recall_as_hop(mock).await;
     let sqlite = start_recall(mock, "sqlite", 20_000).await;
     let hop = start_hop(mock, bench_threads()).await;
     // The same hop, its client resending the conversation, as a client
@@ -1149,13 +1174,15 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         // The paths take turns, `repeat` rounds, so that a slow spell of
         // the machine hits them alike; each row is the median round. The
         // naive hop runs twice: sent what recall is sent (one message),
-        // and sent the conversation by a client that resends it.
+        // and sent the conversation by a client that resends it; recall
+        // (memory) too: with its window, and sending what the hop sends.
         let targets: Vec<&Target> = [
             Some(&direct),
             nginx.as_ref(),
             Some(&hop),
             Some(&hop_resends),
             Some(&memory),
+            Some(&memory_as_hop),
             Some(&sqlite),
         ]
         .into_iter()
@@ -1322,6 +1349,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
             (Some(&hop_single), Some(&hop_single)),
             (Some(&hop_single_resends), Some(&hop_single)),
             (Some(&memory), Some(&hop)),
+            (Some(&memory_as_hop), Some(&hop)),
             (Some(&single), Some(&hop_single)),
             (Some(&sqlite), Some(&hop)),
         ]
