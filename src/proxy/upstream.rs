@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::header::{ACCEPT, CONTENT_TYPE, PROXY_AUTHORIZATION, USER_AGENT};
+use axum::http::header::{
+    ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, PROXY_AUTHORIZATION, USER_AGENT,
+};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -19,8 +21,11 @@ use crate::proxy::mock::{MockKind, MockServer, Pace};
 use crate::proxy::vendor::VendorRules;
 
 /// Request headers a client sets that the upstream must see.
-const FORWARDED_REQUEST_HEADERS: &[&str] =
-    &["openai-organization", "openai-project", "openai-beta"];
+const FORWARDED_REQUEST_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("openai-organization"),
+    HeaderName::from_static("openai-project"),
+    HeaderName::from_static("openai-beta"),
+];
 
 pub struct Upstream {
     pub name: String,
@@ -37,9 +42,10 @@ pub struct Upstream {
     /// sent when no key is: as reqwest took them from the URL.
     url_authorization: Option<HeaderValue>,
     patterns: Vec<WildMatch>,
-    /// The configured headers, with recall's user agent and reqwest's
-    /// `accept: */*` where they set none, and a forwarding proxy's
-    /// credentials: every request's, built once.
+    /// The configured headers, with recall's user agent, reqwest's
+    /// `accept: */*` and the `host` hyper would write where they set none,
+    /// the API key's `authorization` and a forwarding proxy's credentials:
+    /// every request's, built once.
     headers: HeaderMap,
     timeout: Duration,
     /// The longest silence allowed while reading an answer's body.
@@ -125,6 +131,14 @@ impl Upstream {
             .or_insert(HeaderValue::from_static("*/*"));
         if let Some(auth) = settings.forward_authorization(&chat_url) {
             headers.entry(PROXY_AUTHORIZATION).or_insert(auth);
+        }
+        // hyper's client writes it per request (a `format!` and a check)
+        // where it is missing; every URI here has `base_url`'s authority.
+        if let Some(host) = host_header(&chat_url) {
+            headers.entry(HOST).or_insert(host);
+        }
+        if let Some(key) = &authorization {
+            headers.insert(AUTHORIZATION, key.clone());
         }
         Ok(Self {
             name: c.name.clone(),
@@ -247,27 +261,39 @@ impl Upstream {
         }
     }
 
+    /// An API key's `authorization` is in `headers` already; without one,
+    /// the client's goes through.
     fn request_headers(&self, client: &HeaderMap) -> HeaderMap {
         let mut out = self.headers.clone();
-        match &self.authorization {
-            Some(v) => {
-                out.insert("authorization", v.clone());
-            }
-            None => {
-                if let Some(v) = client.get("authorization") {
-                    out.insert("authorization", v.clone());
-                } else if let Some(v) = &self.url_authorization {
-                    // Under a configured `authorization` header, as reqwest.
-                    out.entry("authorization").or_insert_with(|| v.clone());
-                }
+        if self.authorization.is_none() {
+            if let Some(v) = client.get(AUTHORIZATION) {
+                out.insert(AUTHORIZATION, v.clone());
+            } else if let Some(v) = &self.url_authorization {
+                // Under a configured `authorization` header, as reqwest.
+                out.entry(AUTHORIZATION).or_insert_with(|| v.clone());
             }
         }
-        for name in FORWARDED_REQUEST_HEADERS {
-            if let Some(v) = client.get(*name) {
-                out.insert(*name, v.clone());
+        for name in &FORWARDED_REQUEST_HEADERS {
+            if let Some(v) = client.get(name) {
+                out.insert(name.clone(), v.clone());
             }
         }
         out
+    }
+}
+
+/// The `host` hyper's client writes for `uri`: the port only where it is
+/// not the scheme's own.
+fn host_header(uri: &Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let default = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    match uri.port_u16() {
+        Some(port) if port != default => HeaderValue::try_from(format!("{host}:{port}")).ok(),
+        _ => HeaderValue::try_from(host).ok(),
     }
 }
 
@@ -404,6 +430,49 @@ mod tests {
             .await
             .unwrap();
         assert!(only.route("gpt-4o").is_none());
+    }
+
+    #[test]
+    fn host_is_what_hypers_client_writes() {
+        for (url, host) in [
+            ("http://127.0.0.1:9/v1/chat/completions", "127.0.0.1:9"),
+            (
+                "https://api.openai.com/v1/chat/completions",
+                "api.openai.com",
+            ),
+            ("http://llm.local:80/v1", "llm.local"),
+            ("https://llm.local:443/v1", "llm.local"),
+            ("http://llm.local:443/v1", "llm.local:443"),
+            ("https://llm.local:8443/v1", "llm.local:8443"),
+            ("http://[::1]:8080/v1", "[::1]:8080"),
+        ] {
+            let (uri, _) = request_uri(url).unwrap();
+            assert_eq!(host_header(&uri).unwrap(), host, "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_replaces_the_clients_authorization_and_the_client_s_goes_through_without_one() {
+        let mut client = HeaderMap::new();
+        client.insert(AUTHORIZATION, HeaderValue::from_static("Bearer client"));
+        client.insert("openai-project", HeaderValue::from_static("p1"));
+        client.insert("x-other", HeaderValue::from_static("no"));
+        let var = "RECALL_TEST_UPSTREAM_KEY_HEADERS";
+        std::env::set_var(var, "sk-configured");
+        let mut keyed = upstream("keyed", &["*"]);
+        keyed.api_key_env = Some(var.into());
+        let keyed = Upstream::start(&keyed, 1).await.unwrap();
+        let plain = Upstream::start(&upstream("plain", &["*"]), 1)
+            .await
+            .unwrap();
+        let sent = keyed.request_headers(&client);
+        assert_eq!(sent[AUTHORIZATION], "Bearer sk-configured");
+        assert_eq!(sent["openai-project"], "p1");
+        assert_eq!(sent[HOST], "127.0.0.1:9");
+        assert!(sent.get("x-other").is_none());
+        let sent = plain.request_headers(&client);
+        assert_eq!(sent[AUTHORIZATION], "Bearer client");
+        assert_eq!(sent.get_all(AUTHORIZATION).iter().count(), 1);
     }
 
     #[test]
