@@ -46,6 +46,8 @@ const CHUNKS: usize = 50;
 /// conversation (`resending`): recall's `window_messages` here, so that
 /// the hop forwards about what recall sends upstream from its store.
 const RESENT: usize = 20;
+/// The mock's whole answer to a non-streaming chat request.
+const MOCK_ANSWER: &str = "Sure, here is the answer.";
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -178,7 +180,7 @@ async fn mock_reply(uri: axum::http::Uri, body: Bytes) -> Response {
     if !stream {
         let reply = json!({"id": "c", "object": "chat.completion", "created": 1, "model": "mock",
             "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "Sure, here is the answer."}}],
+                         "message": {"role": "assistant", "content": MOCK_ANSWER}}],
             "usage": {"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}});
         return Response::builder()
             .header("content-type", "application/json")
@@ -216,7 +218,10 @@ struct Target {
     /// message (`request_body`): 0 but for the naive hop's "client
     /// resends" path (`resending`). recall is sent only the new message
     /// and adds the stored window itself; a pass-through keeps nothing,
-    /// so a client of one sends the conversation every time.
+    /// so a client of one sends the conversation every time. For recall,
+    /// a client that resends its conversation all the same, as most do
+    /// (`resending_to_recall`; highest-rate table only): its last
+    /// `resend` messages, which recall reconciles with what it stored.
     resend: usize,
     /// The process whose CPU time is this path's own (`cpu_ns`):
     /// recall's and the naive hop's, the resending hop sharing its hop's.
@@ -660,6 +665,69 @@ fn message(role: &str, i: usize) -> Value {
     json!({"role": role, "content": text})
 }
 
+/// recall (`memory`) as the path of a client that resends its conversation:
+/// each request carries the last `messages` messages it sent and was
+/// answered (`Held`), as a client written for a pass-through does; recall
+/// reconciles them with what it stored and sends upstream its window (20
+/// messages here, about what the resending hop forwards). The same process
+/// as `memory`, on sessions of its own; not stopped on drop.
+fn resending_to_recall(memory: &Target, messages: usize) -> Target {
+    let name = memory.name.strip_suffix(')').unwrap_or(&memory.name);
+    Target {
+        name: format!("{name}, client resends its last {messages} messages)"),
+        base: memory.base.clone(),
+        recall: true,
+        resend: messages,
+        cpu_pid: memory.cpu_pid,
+        child: None,
+    }
+}
+
+/// The conversation a client that resends it holds for one session: the
+/// JSON of its last `keep` messages, user and assistant. It starts as the
+/// prior messages the resending hop's client sends (`prior_messages`), so
+/// a session's first request carries the same, and recall stores them as
+/// the session's start.
+struct Held {
+    messages: std::collections::VecDeque<String>,
+    keep: usize,
+}
+
+impl Held {
+    fn new(keep: usize) -> Self {
+        let messages = (0..keep)
+            .map(|k| message(if k % 2 == 0 { "user" } else { "assistant" }, k).to_string())
+            .collect();
+        Self { messages, keep }
+    }
+
+    /// Request `i`: what it holds, then its new user message.
+    fn body(&self, i: usize) -> String {
+        let new = message("user", i).to_string();
+        let held: usize = self.messages.iter().map(|m| m.len() + 1).sum();
+        let mut body = String::with_capacity(held + new.len() + 64);
+        body.push_str(r#"{"model":"mock","stream":false,"messages":["#);
+        for m in &self.messages {
+            body.push_str(m);
+            body.push(',');
+        }
+        body.push_str(&new);
+        body.push_str("]}");
+        body
+    }
+
+    /// Request `i` was answered: the client keeps its message and the
+    /// answer.
+    fn answered(&mut self, i: usize) {
+        self.messages.push_back(message("user", i).to_string());
+        self.messages
+            .push_back(json!({"role": "assistant", "content": MOCK_ANSWER}).to_string());
+        while self.messages.len() > self.keep {
+            self.messages.pop_front();
+        }
+    }
+}
+
 /// Gives every session `history` stored messages (recall targets only).
 async fn seed(target: &Target, sessions: usize, history: usize) {
     if !target.recall || history == 0 {
@@ -686,6 +754,19 @@ async fn seed(target: &Target, sessions: usize, history: usize) {
         })
         .buffer_unordered(32);
     while pending.next().await.is_some() {}
+}
+
+/// The stored messages recall has superseded so far, for any reason
+/// (`recall_superseded_messages_total`; None if it cannot say).
+async fn superseded(target: &Target) -> Option<u64> {
+    let url = format!("{}/metrics", target.base.strip_suffix("/v1")?);
+    let text = client().get(url).send().await.ok()?.text().await.ok()?;
+    let counts: Vec<u64> = text
+        .lines()
+        .filter(|l| l.starts_with("recall_superseded_messages_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!counts.is_empty()).then(|| counts.iter().sum())
 }
 
 /// A Responses request continuing the seeded session as its conversation.
@@ -910,23 +991,50 @@ struct Sustained {
 /// session at once (which recall would answer as a barge-in). Requests
 /// carry the target's `resend` prior messages.
 async fn max_rate(target: &Target, conns: usize, secs: f64) -> Sustained {
+    /// Each run of a client resending its conversation starts new
+    /// sessions, as its conversations start from what it holds.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    const SESSIONS: usize = 64;
     let client = client();
     let url = format!("{}/chat/completions", target.base);
+    let (recall, resend) = (target.recall, target.resend);
+    let resent = recall && resend > 0;
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let name = move |c: usize, k: usize| match resent {
+        true => format!("max-{c}-{k}-resent-{run}"),
+        false => format!("max-{c}-{k}"),
+    };
+    let superseded_before = match resent {
+        true => superseded(target).await,
+        false => None,
+    };
     let cpu = Cpu::start(target);
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let workers: Vec<_> = (0..conns)
         .map(|c| {
-            let (client, url, recall) = (client.clone(), url.clone(), target.recall);
-            let resend = target.resend;
+            let (client, url) = (client.clone(), url.clone());
             tokio::spawn(async move {
                 let mut n = 0usize;
                 let mut failures = Stats::default();
+                let mut held: Vec<Held> = match resent {
+                    true => (0..SESSIONS).map(|_| Held::new(resend)).collect(),
+                    false => Vec::new(),
+                };
                 while Instant::now() < until {
-                    let session = recall.then(|| format!("max-{c}-{}", n % 64));
+                    let k = n % SESSIONS;
+                    let session = recall.then(|| name(c, k));
                     let due = tokio::time::Instant::now();
-                    let body = request_body(false, n, resend);
+                    let body = match held.get(k) {
+                        Some(held) => held.body(n),
+                        None => request_body(false, n, resend),
+                    };
                     match one(&client, &url, session, body, false, due).await {
-                        Ok(_) => n += 1,
+                        Ok(_) => {
+                            if let Some(held) = held.get_mut(k) {
+                                held.answered(n);
+                            }
+                            n += 1;
+                        }
                         Err(kind) => failures.failed(kind),
                     }
                 }
@@ -944,6 +1052,23 @@ async fn max_rate(target: &Target, conns: usize, secs: f64) -> Sustained {
     }
     note_failures(&target.name, "highest rate", &all.failures);
     let cpu_us = cpu.per_request(total);
+    if resent {
+        // Every resend a continuation: recall replaced nothing it stored
+        // (an edit or a regenerate would have).
+        let after = superseded(target).await;
+        if let (Some(before), Some(after)) = (superseded_before, after) {
+            if after > before {
+                println!(
+                    "note: {}: {} stored messages superseded: some resends were not \
+                     taken as continuations",
+                    target.name,
+                    after - before
+                );
+            }
+        } else {
+            println!("note: {}: no superseded count in /metrics", target.name);
+        }
+    }
     Sustained {
         rate: total as f64 / secs,
         cpu_us,
@@ -1339,6 +1464,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         // its own (its ratios to the plain hop's): recall's ratios stay to
         // the plain hop's, and the reader compares with either.
         let single = start_recall_with(mock, "memory", 20_000, 1).await;
+        let memory_resends = resending_to_recall(&memory, RESENT);
         let hop_single = start_hop(mock, 1).await;
         let hop_single_resends = resending(&hop_single, RESENT);
         let targets: Vec<(&Target, Option<&Target>)> = [
@@ -1349,6 +1475,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
             (Some(&hop_single), Some(&hop_single)),
             (Some(&hop_single_resends), Some(&hop_single)),
             (Some(&memory), Some(&hop)),
+            (Some(&memory_resends), Some(&hop)),
             (Some(&memory_as_hop), Some(&hop)),
             (Some(&single), Some(&hop_single)),
             (Some(&sqlite), Some(&hop)),
