@@ -43,9 +43,9 @@ pub struct Upstream {
     url_authorization: Option<HeaderValue>,
     patterns: Vec<WildMatch>,
     /// The configured headers, with recall's user agent, reqwest's
-    /// `accept: */*` and the `host` hyper would write where they set none,
-    /// the API key's `authorization` and a forwarding proxy's credentials:
-    /// every request's, built once.
+    /// `accept: */*` and (plain http) the `host` hyper would write where
+    /// they set none, the API key's `authorization` and a forwarding
+    /// proxy's credentials: every request's, built once.
     headers: HeaderMap,
     timeout: Duration,
     /// The longest silence allowed while reading an answer's body.
@@ -132,10 +132,14 @@ impl Upstream {
         if let Some(auth) = settings.forward_authorization(&chat_url) {
             headers.entry(PROXY_AUTHORIZATION).or_insert(auth);
         }
-        // hyper's client writes it per request (a `format!` and a check)
-        // where it is missing; every URI here has `base_url`'s authority.
-        if let Some(host) = host_header(&chat_url) {
-            headers.entry(HOST).or_insert(host);
+        // hyper's client writes it on every HTTP/1 request that has none
+        // (a `format!` for a port); every URI here has `base_url`'s
+        // authority. Plain http only: over TLS the upstream may choose
+        // HTTP/2, where hyper sends `:authority` and no `host`.
+        if chat_url.scheme_str() == Some("http") {
+            if let Some(host) = host_header(&chat_url) {
+                headers.entry(HOST).or_insert(host);
+            }
         }
         if let Some(key) = &authorization {
             headers.insert(AUTHORIZATION, key.clone());
@@ -282,8 +286,8 @@ impl Upstream {
     }
 }
 
-/// The `host` hyper's client writes for `uri`: the port only where it is
-/// not the scheme's own.
+/// The `host` hyper's client writes for `uri` on HTTP/1: the port only
+/// where it is not the scheme's own.
 fn host_header(uri: &Uri) -> Option<HeaderValue> {
     let host = uri.host()?;
     let default = if uri.scheme_str() == Some("https") {
@@ -449,6 +453,106 @@ mod tests {
             let (uri, _) = request_uri(url).unwrap();
             assert_eq!(host_header(&uri).unwrap(), host, "{url}");
         }
+    }
+
+    /// A server that answers `{}` to each request and hands over the
+    /// request's head.
+    async fn heads() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&seen[..end]).to_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .map_or(0, |n| n.trim().parse().unwrap());
+                        if seen.len() < end + 4 + length {
+                            continue;
+                        }
+                        seen.drain(..end + 4 + length);
+                        let _ = tx.send(head);
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                                      content-length: 2\r\n\r\n{}";
+                        if conn.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (format!("127.0.0.1:{port}"), rx)
+    }
+
+    fn host_lines(head: &str) -> Vec<&str> {
+        head.lines().filter(|l| l.starts_with("host:")).collect()
+    }
+
+    #[tokio::test]
+    async fn the_host_sent_is_the_one_hypers_client_writes() {
+        let (addr, mut rx) = heads().await;
+        let port = addr.rsplit(':').next().unwrap();
+        for base in [
+            format!("http://{addr}/v1"),
+            format!("http://localhost:{port}/v1"),
+        ] {
+            let hyper =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<Full<Bytes>>();
+            let uri: Uri = format!("{base}/chat/completions").parse().unwrap();
+            let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
+            *req.method_mut() = Method::POST;
+            *req.uri_mut() = uri;
+            hyper.request(req).await.unwrap();
+            let theirs = rx.recv().await.unwrap();
+
+            let config: UpstreamConfig =
+                toml::from_str(&format!("name = \"u\"\nbase_url = \"{base}\"\n")).unwrap();
+            let ours = Upstream::start(&config, 1).await.unwrap();
+            ours.send_chat(&HeaderMap::new(), Bytes::from_static(b"{}"))
+                .await
+                .unwrap();
+            let ours = rx.recv().await.unwrap();
+            assert_eq!(host_lines(&ours), host_lines(&theirs), "{base}");
+            assert_eq!(host_lines(&ours).len(), 1, "{ours}");
+        }
+    }
+
+    #[tokio::test]
+    async fn configured_host_and_authorization_headers_keep_their_precedence() {
+        let text = "name = \"u\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+                    [headers]\nhost = \"llm.internal\"\nauthorization = \"Bearer configured\"\n";
+        let config: UpstreamConfig = toml::from_str(text).unwrap();
+        let u = Upstream::start(&config, 1).await.unwrap();
+        let sent = u.request_headers(&HeaderMap::new());
+        assert_eq!(sent[HOST], "llm.internal");
+        assert_eq!(sent[AUTHORIZATION], "Bearer configured");
+        // A client's authorization goes through over a configured one, as
+        // before; an API key would replace both.
+        let mut client = HeaderMap::new();
+        client.insert(AUTHORIZATION, HeaderValue::from_static("Bearer client"));
+        let sent = u.request_headers(&client);
+        assert_eq!(sent[AUTHORIZATION], "Bearer client");
+        assert_eq!(sent.get_all(HOST).iter().count(), 1);
+        // Over TLS the upstream may answer in HTTP/2, which has no `host`.
+        let tls: UpstreamConfig =
+            toml::from_str("name = \"t\"\nbase_url = \"https://127.0.0.1:9/v1\"\n").unwrap();
+        let tls = Upstream::start(&tls, 1).await.unwrap();
+        assert!(tls.request_headers(&HeaderMap::new()).get(HOST).is_none());
     }
 
     #[tokio::test]
