@@ -10,8 +10,10 @@
 //! memory in the proxy must), through recall with the memory and the
 //! sqlite backend, through recall (memory) sending upstream what the hop
 //! sends (its system message and a window of one: recall's own machinery
-//! against the hop's, without the window's bytes), and through LiteLLM's
-//! proxy (if `litellm` is installed).
+//! against the hop's, without the window's bytes), through recall (memory)
+//! with a client that resends its conversation as the resending hop's
+//! does (highest-rate table), and through LiteLLM's proxy (if `litellm` is
+//! installed).
 //! Load is open-loop at a fixed rate; latency is measured from each
 //! request's intended send time, so queueing shows. Every scenario also
 //! gives recall's and the hop's CPU time per request (from `/proc`), which
@@ -81,6 +83,13 @@ fn main() {
     if !failures.is_empty() {
         println!("\nFailed requests, by kind:");
         for line in failures {
+            println!("- {line}");
+        }
+    }
+    let notes = NOTES.lock().map(|n| n.clone()).unwrap_or_default();
+    if !notes.is_empty() {
+        println!("\nNotes:");
+        for line in notes {
             println!("- {line}");
         }
     }
@@ -220,16 +229,18 @@ struct Target {
     /// and adds the stored window itself; a pass-through keeps nothing,
     /// so a client of one sends the conversation every time. For recall,
     /// a client that resends its conversation all the same, as most do
-    /// (`resending_to_recall`; highest-rate table only): its last
-    /// `resend` messages, which recall reconciles with what it stored.
+    /// (`resending_to_recall`; highest-rate table only), which recall
+    /// reconciles with what it stored. In the highest-rate table both
+    /// resending clients send the conversation they hold (`Held`).
     resend: usize,
     /// The process whose CPU time is this path's own (`cpu_ns`):
-    /// recall's and the naive hop's, the resending hop sharing its hop's.
-    /// None for direct, and for nginx and LiteLLM, whose work is done by
-    /// worker processes that the one started forks.
+    /// recall's and the naive hop's, a resending client's path sharing
+    /// its plain path's. None for direct, and for nginx and LiteLLM, whose
+    /// work is done by worker processes that the one started forks.
     cpu_pid: Option<u32>,
     /// The process started for this path, stopped on drop (None for
-    /// direct, and for the resending hop, whose process its hop owns).
+    /// direct, and for the resending clients' paths, whose process their
+    /// plain path owns).
     child: Option<Child>,
 }
 
@@ -517,10 +528,11 @@ async fn start_hop(mock: SocketAddr, workers: usize) -> Target {
 /// `hop` (a naive hop) as the path of a client that resends the
 /// conversation: each request carries `messages` prior messages of 200
 /// characters, alternating user and assistant, before its new user
-/// message. recall, sent only the new message, sends upstream a window of
-/// up to 20 stored messages of 200 characters; the hop, with no memory,
-/// forwards what it is sent, so this is the pass-through doing the same
-/// job, and recall is compared with both. The same process as `hop`
+/// message (in the highest-rate table, the last `messages` it sent and
+/// was answered: `Held`). recall, sent only the new message, sends
+/// upstream a window of up to 20 stored messages; the hop, with no
+/// memory, forwards what it is sent, so this is the pass-through doing the
+/// same job, and recall is compared with both. The same process as `hop`
 /// (its CPU time is read between the two paths' runs, which never
 /// overlap); not stopped on drop, `hop` owns it.
 fn resending(hop: &Target, messages: usize) -> Target {
@@ -668,9 +680,9 @@ fn message(role: &str, i: usize) -> Value {
 /// recall (`memory`) as the path of a client that resends its conversation:
 /// each request carries the last `messages` messages it sent and was
 /// answered (`Held`), as a client written for a pass-through does; recall
-/// reconciles them with what it stored and sends upstream its window (20
-/// messages here, about what the resending hop forwards). The same process
-/// as `memory`, on sessions of its own; not stopped on drop.
+/// reconciles them with what it stored and sends upstream its window of
+/// 20, what the resending hop forwards from the same client. The same
+/// process as `memory`, on sessions of its own; not stopped on drop.
 fn resending_to_recall(memory: &Target, messages: usize) -> Target {
     let name = memory.name.strip_suffix(')').unwrap_or(&memory.name);
     Target {
@@ -684,26 +696,28 @@ fn resending_to_recall(memory: &Target, messages: usize) -> Target {
 }
 
 /// The conversation a client that resends it holds for one session: the
-/// JSON of its last `keep` messages, user and assistant. It starts as the
-/// prior messages the resending hop's client sends (`prior_messages`), so
-/// a session's first request carries the same, and recall stores them as
-/// the session's start.
+/// JSON of its last `keep` messages, user and assistant, as it sent them
+/// and was answered. It starts as the 20 prior messages of
+/// `prior_messages`, which the session's first request carries (recall
+/// stores them as the session's start).
 struct Held {
-    messages: std::collections::VecDeque<String>,
+    messages: std::collections::VecDeque<Arc<str>>,
     keep: usize,
 }
 
 impl Held {
     fn new(keep: usize) -> Self {
         let messages = (0..keep)
-            .map(|k| message(if k % 2 == 0 { "user" } else { "assistant" }, k).to_string())
+            .map(|k| {
+                let role = if k % 2 == 0 { "user" } else { "assistant" };
+                Arc::from(message(role, k).to_string())
+            })
             .collect();
         Self { messages, keep }
     }
 
-    /// Request `i`: what it holds, then its new user message.
-    fn body(&self, i: usize) -> String {
-        let new = message("user", i).to_string();
+    /// A request: what it holds, then `new` (a user message's JSON).
+    fn body(&self, new: &str) -> String {
         let held: usize = self.messages.iter().map(|m| m.len() + 1).sum();
         let mut body = String::with_capacity(held + new.len() + 64);
         body.push_str(r#"{"model":"mock","stream":false,"messages":["#);
@@ -711,17 +725,20 @@ impl Held {
             body.push_str(m);
             body.push(',');
         }
-        body.push_str(&new);
+        body.push_str(new);
         body.push_str("]}");
         body
     }
 
-    /// Request `i` was answered: the client keeps its message and the
-    /// answer.
-    fn answered(&mut self, i: usize) {
-        self.messages.push_back(message("user", i).to_string());
-        self.messages
-            .push_back(json!({"role": "assistant", "content": MOCK_ANSWER}).to_string());
+    /// The request with `new` was answered: the client keeps its message
+    /// and the mock's answer.
+    fn answered(&mut self, new: Arc<str>) {
+        static ANSWER: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+        let answer = ANSWER.get_or_init(|| {
+            Arc::from(json!({"role": "assistant", "content": MOCK_ANSWER}).to_string())
+        });
+        self.messages.push_back(new);
+        self.messages.push_back(Arc::clone(answer));
         while self.messages.len() > self.keep {
             self.messages.pop_front();
         }
@@ -756,17 +773,42 @@ async fn seed(target: &Target, sessions: usize, history: usize) {
     while pending.next().await.is_some() {}
 }
 
-/// The stored messages recall has superseded so far, for any reason
-/// (`recall_superseded_messages_total`; None if it cannot say).
-async fn superseded(target: &Target) -> Option<u64> {
-    let url = format!("{}/metrics", target.base.strip_suffix("/v1")?);
-    let text = client().get(url).send().await.ok()?.text().await.ok()?;
-    let counts: Vec<u64> = text
-        .lines()
-        .filter(|l| l.starts_with("recall_superseded_messages_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!counts.is_empty()).then(|| counts.iter().sum())
+/// What recall's `/metrics` say it holds and has replaced: the messages
+/// its sessions hold, and the stored messages superseded so far (None
+/// where it cannot say).
+struct RecallCounts {
+    stored: Option<u64>,
+    superseded: Option<u64>,
+}
+
+impl RecallCounts {
+    async fn read(target: &Target) -> Self {
+        let text = match target.base.strip_suffix("/v1") {
+            Some(root) => async {
+                let r = client().get(format!("{root}/metrics")).send().await.ok()?;
+                r.text().await.ok()
+            }
+            .await
+            .unwrap_or_default(),
+            None => String::new(),
+        };
+        // A metric's samples: its own lines, labelled or not.
+        let sum = |metric: &str| {
+            let counts: Vec<u64> = text
+                .lines()
+                .filter(|l| {
+                    l.strip_prefix(metric)
+                        .is_some_and(|rest| rest.starts_with([' ', '{']))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+                .collect();
+            (!counts.is_empty()).then(|| counts.iter().sum())
+        };
+        Self {
+            stored: sum("recall_stored_messages"),
+            superseded: sum("recall_superseded_messages_total"),
+        }
+    }
 }
 
 /// A Responses request continuing the seeded session as its conversation.
@@ -887,6 +929,15 @@ impl Stats {
 
 /// Every failure of the run, by path, scenario and kind, printed at the end.
 static FAILURES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// What a run found wrong besides failed requests, said at its end.
+static NOTES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn note(line: &str) {
+    eprintln!("note: {line}");
+    if let Ok(mut all) = NOTES.lock() {
+        all.push(line.to_owned());
+    }
+}
 
 fn note_failures(path: &str, scenario: &str, failures: &BTreeMap<String, usize>) {
     if failures.is_empty() {
@@ -988,8 +1039,11 @@ struct Sustained {
 /// path's CPU time per request over the run (`Cpu`, read just before
 /// the first request and after the last answer). Each connection has
 /// sessions of its own, so that no two requests are ever turns of one
-/// session at once (which recall would answer as a barge-in). Requests
-/// carry the target's `resend` prior messages.
+/// session at once (which recall would answer as a barge-in). A client
+/// that resends the conversation (`Target::resend`) holds each session's
+/// (`Held`), for recall and the hop alike, so that both are sent the same
+/// bodies; its sessions' first requests, which carry the 20 prior
+/// messages recall then stores, are sent before the run.
 async fn max_rate(target: &Target, conns: usize, secs: f64) -> Sustained {
     /// Each run of a client resending its conversation starts new
     /// sessions, as its conversations start from what it holds.
@@ -998,47 +1052,83 @@ async fn max_rate(target: &Target, conns: usize, secs: f64) -> Sustained {
     let client = client();
     let url = format!("{}/chat/completions", target.base);
     let (recall, resend) = (target.recall, target.resend);
-    let resent = recall && resend > 0;
     let run = RUNS.fetch_add(1, Ordering::Relaxed);
-    let name = move |c: usize, k: usize| match resent {
-        true => format!("max-{c}-{k}-resent-{run}"),
-        false => format!("max-{c}-{k}"),
+    let name = move |c: usize, k: usize| match resend {
+        0 => format!("max-{c}-{k}"),
+        _ => format!("max-{c}-{k}-resent-{run}"),
     };
-    let superseded_before = match resent {
-        true => superseded(target).await,
+    let send = {
+        let (client, url) = (client.clone(), url.clone());
+        move |c: usize, k: usize, body: String| {
+            let (client, url) = (client.clone(), url.clone());
+            let session = recall.then(|| name(c, k));
+            async move {
+                one(
+                    &client,
+                    &url,
+                    session,
+                    body,
+                    false,
+                    tokio::time::Instant::now(),
+                )
+                .await
+            }
+        }
+    };
+    let counts_before = match recall && resend > 0 {
+        true => Some(RecallCounts::read(target).await),
         false => None,
     };
+    // Each connection's sessions, started (untimed) when it resends.
+    let mut held: Vec<Vec<Held>> = Vec::new();
+    if resend > 0 {
+        let starts = (0..conns).map(|c| {
+            let send = send.clone();
+            async move {
+                let mut own = Vec::with_capacity(SESSIONS);
+                for k in 0..SESSIONS {
+                    let mut h = Held::new(resend);
+                    let new: Arc<str> = message("user", k).to_string().into();
+                    if send(c, k, h.body(&new)).await.is_ok() {
+                        h.answered(new);
+                    }
+                    own.push(h);
+                }
+                own
+            }
+        });
+        held = futures_util::future::join_all(starts).await;
+    }
+    let first = if resend > 0 { SESSIONS } else { 0 };
     let cpu = Cpu::start(target);
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let workers: Vec<_> = (0..conns)
         .map(|c| {
-            let (client, url) = (client.clone(), url.clone());
+            let send = send.clone();
+            let mut held = held.get_mut(c).map(std::mem::take).unwrap_or_default();
             tokio::spawn(async move {
-                let mut n = 0usize;
+                let mut n = first;
                 let mut failures = Stats::default();
-                let mut held: Vec<Held> = match resent {
-                    true => (0..SESSIONS).map(|_| Held::new(resend)).collect(),
-                    false => Vec::new(),
-                };
                 while Instant::now() < until {
                     let k = n % SESSIONS;
-                    let session = recall.then(|| name(c, k));
-                    let due = tokio::time::Instant::now();
-                    let body = match held.get(k) {
-                        Some(held) => held.body(n),
-                        None => request_body(false, n, resend),
+                    let (body, new) = match held.get(k) {
+                        Some(h) => {
+                            let new: Arc<str> = message("user", n).to_string().into();
+                            (h.body(&new), Some(new))
+                        }
+                        None => (request_body(false, n, 0), None),
                     };
-                    match one(&client, &url, session, body, false, due).await {
+                    match send(c, k, body).await {
                         Ok(_) => {
-                            if let Some(held) = held.get_mut(k) {
-                                held.answered(n);
+                            if let (Some(h), Some(new)) = (held.get_mut(k), new) {
+                                h.answered(new);
                             }
                             n += 1;
                         }
                         Err(kind) => failures.failed(kind),
                     }
                 }
-                (n, failures)
+                (n - first, failures)
             })
         })
         .collect();
@@ -1050,23 +1140,29 @@ async fn max_rate(target: &Target, conns: usize, secs: f64) -> Sustained {
             all.absorb_failures(failures);
         }
     }
-    note_failures(&target.name, "highest rate", &all.failures);
     let cpu_us = cpu.per_request(total);
-    if resent {
+    note_failures(&target.name, "highest rate", &all.failures);
+    if let Some(before) = counts_before {
         // Every resend a continuation: recall replaced nothing it stored
-        // (an edit or a regenerate would have).
-        let after = superseded(target).await;
-        if let (Some(before), Some(after)) = (superseded_before, after) {
-            if after > before {
-                println!(
-                    "note: {}: {} stored messages superseded: some resends were not \
-                     taken as continuations",
-                    target.name,
-                    after - before
-                );
-            }
-        } else {
-            println!("note: {}: no superseded count in /metrics", target.name);
+        // (an edit or a regenerate would have) and stored two messages a
+        // turn (a resend taken as a new conversation would store them all
+        // again), besides each session's first 22.
+        let after = RecallCounts::read(target).await;
+        let expected = (conns * SESSIONS * (resend + 2) + 2 * total) as u64;
+        let stored = after
+            .stored
+            .zip(before.stored)
+            .map(|(a, b)| a.saturating_sub(b));
+        let superseded = after
+            .superseded
+            .zip(before.superseded)
+            .map(|(a, b)| a.saturating_sub(b));
+        if stored != Some(expected) || superseded != Some(0) {
+            note(&format!(
+                "{}: {stored:?} messages stored for {expected} expected, {superseded:?} superseded: \
+                 not every resend was taken as a continuation",
+                target.name
+            ));
         }
     }
     Sustained {
