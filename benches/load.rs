@@ -229,7 +229,7 @@ struct Target {
     /// and adds the stored window itself; a pass-through keeps nothing,
     /// so a client of one sends the conversation every time. For recall,
     /// a client that resends its conversation all the same, as most do
-    /// (`resending_to_recall`; highest-rate table only), which recall
+    /// (`resending`; highest-rate table only), which recall
     /// reconciles with what it stored. In the highest-rate table both
     /// resending clients send the conversation they hold (`Held`).
     resend: usize,
@@ -535,12 +535,19 @@ async fn start_hop(mock: SocketAddr, workers: usize) -> Target {
 /// same job, and recall is compared with both. The same process as `hop`
 /// (its CPU time is read between the two paths' runs, which never
 /// overlap); not stopped on drop, `hop` owns it.
+///
+/// Given recall (`memory`), the path of a client that resends its
+/// conversation all the same, as a client written for a pass-through
+/// does (highest-rate table only): recall reconciles what it is sent with
+/// what it stored and sends upstream its window, what the resending hop
+/// forwards from the same client; on sessions of its own.
 fn resending(hop: &Target, messages: usize) -> Target {
     let name = hop.name.strip_suffix(')').unwrap_or(&hop.name);
+    let its_last = if hop.recall { "its last " } else { "" };
     Target {
-        name: format!("{name}, client resends {messages} messages)"),
+        name: format!("{name}, client resends {its_last}{messages} messages)"),
         base: hop.base.clone(),
-        recall: false,
+        recall: hop.recall,
         resend: messages,
         cpu_pid: hop.cpu_pid,
         child: None,
@@ -675,24 +682,6 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 fn message(role: &str, i: usize) -> Value {
     let text: String = format!("message {i} ").chars().cycle().take(200).collect();
     json!({"role": role, "content": text})
-}
-
-/// recall (`memory`) as the path of a client that resends its conversation:
-/// each request carries the last `messages` messages it sent and was
-/// answered (`Held`), as a client written for a pass-through does; recall
-/// reconciles them with what it stored and sends upstream its window of
-/// 20, what the resending hop forwards from the same client. The same
-/// process as `memory`, on sessions of its own; not stopped on drop.
-fn resending_to_recall(memory: &Target, messages: usize) -> Target {
-    let name = memory.name.strip_suffix(')').unwrap_or(&memory.name);
-    Target {
-        name: format!("{name}, client resends its last {messages} messages)"),
-        base: memory.base.clone(),
-        recall: true,
-        resend: messages,
-        cpu_pid: memory.cpu_pid,
-        child: None,
-    }
 }
 
 /// The conversation a client that resends it holds for one session: the
@@ -840,10 +829,12 @@ fn prior_messages(n: usize) -> Arc<str> {
         std::sync::Mutex::new(BTreeMap::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     Arc::clone(built.entry(n).or_insert_with(|| {
-        let messages: Vec<String> = (0..n)
-            .map(|k| message(if k % 2 == 0 { "user" } else { "assistant" }, k).to_string())
-            .collect();
-        messages.join(",").into()
+        let held = Held::new(n).messages;
+        held.iter()
+            .map(|m| &**m)
+            .collect::<Vec<_>>()
+            .join(",")
+            .into()
     }))
 }
 
@@ -1560,7 +1551,7 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         // its own (its ratios to the plain hop's): recall's ratios stay to
         // the plain hop's, and the reader compares with either.
         let single = start_recall_with(mock, "memory", 20_000, 1).await;
-        let memory_resends = resending_to_recall(&memory, RESENT);
+        let memory_resends = resending(&memory, RESENT);
         let hop_single = start_hop(mock, 1).await;
         let hop_single_resends = resending(&hop_single, RESENT);
         let targets: Vec<(&Target, Option<&Target>)> = [
