@@ -570,6 +570,20 @@ async fn a_replica_whose_lease_lapsed_does_not_write_over_the_next_holder() {
     for round in 0..4 {
         let id = format!("fenced-{round}");
         a.say(&id, "hello").await;
+        let meta = format!("{}:{{{id}}}:s", prefix_of(&config));
+        let version = |redis: &mut redis::aio::MultiplexedConnection| {
+            let (mut redis, meta) = (redis.clone(), meta.clone());
+            async move {
+                let v: Option<u64> = redis::cmd("HGET")
+                    .arg(&meta)
+                    .arg("version")
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap();
+                v.unwrap_or(0)
+            }
+        };
+        let before = version(&mut redis).await;
         let first = upstream.received().len();
         upstream.push(Reply::Delayed(
             Duration::from_millis(700),
@@ -595,6 +609,16 @@ async fn a_replica_whose_lease_lapsed_does_not_write_over_the_next_holder() {
             assert!(
                 t.elapsed() < Duration::from_secs(5),
                 "A's turn never went upstream"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A's user message is written beside its upstream call, not before
+        // it: B is to take over after that write, so that only A's reply
+        // meets the fence (B reading before it would meet the fence itself).
+        while version(&mut redis).await == before {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "A's user message was never stored"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
