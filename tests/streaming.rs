@@ -287,3 +287,111 @@ async fn a_streaming_request_answered_with_an_error_is_relayed_whole() {
     assert_eq!(body["error"]["message"], "slow down");
     assert_eq!(h.transcript("err").await, ["user: q"]);
 }
+
+/// An upstream that answers in pieces, each a list of SSE events written
+/// in one write after its pause, as HTTP chunks of one event each.
+async fn burst_upstream(pieces: Vec<(Duration, Vec<String>)>) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let pieces = pieces.clone();
+            tokio::spawn(async move {
+                let (mut buf, mut got) = (vec![0u8; 65536], Vec::new());
+                // The request: its head, then content-length bytes of body.
+                loop {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                    let text = String::from_utf8_lossy(&got).to_lowercase();
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if got.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                            transfer-encoding: chunked\r\n\r\n";
+                let _ = conn.write_all(head.as_bytes()).await;
+                let last = pieces.len() - 1;
+                for (i, (pause, events)) in pieces.into_iter().enumerate() {
+                    tokio::time::sleep(pause).await;
+                    let mut out = String::new();
+                    for e in events {
+                        out.push_str(&format!("{:x}\r\n{e}\r\n", e.len()));
+                    }
+                    if i == last {
+                        out.push_str("0\r\n\r\n");
+                    }
+                    let _ = conn.write_all(out.as_bytes()).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Events that reach recall together go to the client together: the same
+/// bytes in a few writes, not one write per event. The first content goes
+/// out alone, without waiting for what follows it.
+#[tokio::test]
+async fn events_that_arrive_together_go_out_together() {
+    let first = delta_event(json!({"role": "assistant", "content": "Once"}));
+    let burst: Vec<String> = (0..200)
+        .map(|i| delta_event(json!({"content": format!(" w{i}")})))
+        .chain([sse_tail()])
+        .collect();
+    let addr = burst_upstream(vec![
+        (Duration::ZERO, vec![first.clone()]),
+        (Duration::from_millis(300), burst.clone()),
+    ])
+    .await;
+    let h = Harness::with_config(
+        &format!("[[upstreams]]\nname = \"bursty\"\nbase_url = \"http://{addr}/v1\"\n"),
+        MockUpstream::start().await,
+    )
+    .await;
+    let resp = h
+        .post_chat(
+            "burst",
+            json!({"model": "m", "stream": true, "messages": [user("q")]}),
+        )
+        .await;
+    let started = Instant::now();
+    let mut stream = resp.bytes_stream();
+    let mut frames = Vec::new();
+    let mut first_at = None;
+    while let Some(frame) = stream.next().await {
+        first_at.get_or_insert_with(|| started.elapsed());
+        frames.push(frame.unwrap());
+    }
+    let body: Vec<u8> = frames.concat();
+    let sent = [vec![first], burst].concat().concat();
+    assert_eq!(String::from_utf8_lossy(&body), sent, "the bytes as sent");
+    assert!(
+        first_at.unwrap() < Duration::from_millis(250),
+        "the first content waited for the burst: {:?}",
+        first_at
+    );
+    // One frame per event without batching (202 and more); the burst is
+    // 200 events in one write of 27 KB.
+    assert!(
+        frames.len() <= 20,
+        "{} frames for {} events",
+        frames.len(),
+        202
+    );
+    let reply: String = (0..200).map(|i| format!(" w{i}")).collect();
+    assert_eq!(
+        h.transcript("burst").await,
+        ["user: q".to_owned(), format!("assistant: Once{reply}")]
+    );
+}

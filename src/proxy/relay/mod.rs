@@ -10,6 +10,7 @@
 //! original, or closes it at once when configured to. A streamed answer is
 //! read by its response body while the client takes it (`stream`).
 
+mod batch;
 mod boundary;
 mod stream;
 

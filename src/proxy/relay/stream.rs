@@ -21,6 +21,7 @@ use sse_parse::SseParser;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::batch::{Batch, Next};
 use super::boundary::EventBoundary;
 use super::{response, CutWatch, Exchange, Head, Timing};
 use crate::memory::session::Reply;
@@ -85,6 +86,8 @@ pub(super) async fn relay(
         called: timing.called,
         first_token: true,
         frame_events: ex.frame_events.clone(),
+        batch: Batch::default(),
+        after: None,
         holding: None,
         ended: false,
         _gone: body_gone,
@@ -229,6 +232,11 @@ struct RelayBody<S> {
     first_token: bool,
     /// Where the events of each frame go, for a reader that wants them.
     frame_events: Option<FrameEvents>,
+    /// Chunks read but not handed out yet: the ones ready together go as
+    /// one frame (`batch.rs`).
+    batch: Batch,
+    /// How the upstream ended, read behind a batch that goes out first.
+    after: Option<After>,
     /// The end, waiting for its record to be durable: the last chunk and
     /// its events (or `None` for the end of the stream) and the
     /// durability future.
@@ -239,6 +247,14 @@ struct RelayBody<S> {
 }
 
 type Durable = Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>>;
+
+const ENDED_EARLY: &str = "upstream stream ended before the reply was complete";
+
+/// How the upstream's stream ended.
+enum After {
+    Finished,
+    Broke(String),
+}
 
 impl<S> RelayBody<S> {
     /// Tells the client the stream broke, with an OpenAI-style error event
@@ -262,6 +278,31 @@ impl<S> RelayBody<S> {
             to.put(&bytes, events);
         }
         Poll::Ready(Some(Ok(bytes)))
+    }
+
+    /// The batch, as one frame, if it holds anything.
+    fn hand_out(&mut self) -> Option<Poll<Option<Result<Bytes, std::io::Error>>>> {
+        let (bytes, events) = self.batch.take()?;
+        Some(self.pass(bytes, events))
+    }
+
+    /// The upstream ended: the reply's end, once it is durable, or an
+    /// error event if the client has not had the whole reply.
+    fn ended_by(&mut self, after: After) -> Option<Poll<Option<Result<Bytes, std::io::Error>>>> {
+        let broke = match after {
+            After::Finished => None,
+            After::Broke(why) => Some(why),
+        };
+        if !self.flight.relayed_complete() {
+            let why = broke.as_deref().unwrap_or(ENDED_EARLY);
+            return Some(self.break_off(why));
+        }
+        if let Some(why) = broke {
+            // The client has had the reply's end: it lacks nothing.
+            self.flight.broke(&why);
+        }
+        self.hold_end(None);
+        None
     }
 
     /// The reply's end goes out once its record is durable.
@@ -312,7 +353,17 @@ where
             if this.holding.is_some() {
                 return this.poll_held(cx);
             }
+            if let Some(after) = this.after.take() {
+                match this.ended_by(after) {
+                    Some(out) => return out,
+                    None => continue,
+                }
+            }
             if Pin::new(&mut this.cut).poll(cx).is_ready() {
+                // What was read went out in the accounts: it goes out here.
+                if let Some(out) = this.hand_out() {
+                    return out;
+                }
                 this.ended = true;
                 return Poll::Ready(None);
             }
@@ -321,30 +372,60 @@ where
             // accounts for a later chunk first.
             let mut slot = lock(&this.reader);
             let Some(reader) = slot.as_mut() else {
+                drop(slot);
+                if let Some(out) = this.hand_out() {
+                    return out;
+                }
                 this.ended = true;
                 return Poll::Ready(None);
             };
-            match std::task::ready!(reader.poll_step(cx, &this.flight)) {
+            let Poll::Ready(step) = reader.poll_step(cx, &this.flight) else {
+                drop(slot);
+                return match this.batch.nothing_ready() {
+                    None => Poll::Pending,
+                    Some(Next::LookAgain) => {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                    Some(Next::HandOut) => this.hand_out().unwrap_or(Poll::Pending),
+                };
+            };
+            let after = match step {
                 Step::Chunk(bytes, events) => {
                     this.flight.on_passed(&events);
                     drop(slot);
+                    let content_went_out = !this.first_token;
                     if this.first_token && events.iter().any(Event::carries_content) {
                         this.first_token = false;
                         this.metrics
                             .first_token(&this.upstream.name, this.called.elapsed());
                     }
-                    if !events.contains(&Event::Done) {
-                        return this.pass(bytes, events);
+                    if events.contains(&Event::Done) {
+                        // The end waits for its record; what came before it
+                        // does not.
+                        this.hold_end(Some((bytes, events)));
+                        match this.hand_out() {
+                            Some(out) => return out,
+                            None => continue,
+                        }
                     }
-                    this.hold_end(Some((bytes, events)));
+                    match this.batch.push(bytes, events, content_went_out) {
+                        Next::HandOut => match this.hand_out() {
+                            Some(out) => return out,
+                            None => continue,
+                        },
+                        Next::LookAgain => {
+                            // Taking this chunk woke the upstream
+                            // connection's task; once it has read what else
+                            // arrived, this body looks again.
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
+                        }
+                    }
                 }
                 Step::Finished => {
                     drop(slot);
-                    if !this.flight.relayed_complete() {
-                        return this
-                            .break_off("upstream stream ended before the reply was complete");
-                    }
-                    this.hold_end(None);
+                    After::Finished
                 }
                 Step::Broke(why, events) => {
                     this.flight.on_received(&events);
@@ -353,13 +434,13 @@ where
                     drop(slot);
                     tracing::warn!(upstream = %this.upstream.name, error = %why, "upstream stream failed");
                     this.metrics.upstream_error(&this.upstream.name);
-                    if !this.flight.relayed_complete() {
-                        return this.break_off(&why);
-                    }
-                    // The client has had the reply's end: it lacks nothing.
-                    this.flight.broke(&why);
-                    this.hold_end(None);
+                    After::Broke(why)
                 }
+            };
+            // The batch goes out before the end.
+            this.after = Some(after);
+            if let Some(out) = this.hand_out() {
+                return out;
             }
         }
     }
