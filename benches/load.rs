@@ -211,6 +211,13 @@ async fn mock_reply(uri: axum::http::Uri, body: Bytes) -> Response {
         .expect("response")
 }
 
+/// How many SSE events a read ends (each ends with a blank line), given
+/// the byte before it.
+fn events_ended(before: Option<u8>, read: &[u8]) -> usize {
+    let straddles = before == Some(b'\n') && read.first() == Some(&b'\n');
+    usize::from(straddles) + read.windows(2).filter(|w| w == b"\n\n").count()
+}
+
 fn memchr_contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
@@ -983,7 +990,7 @@ async fn one(
     let mut body = resp.bytes_stream();
     let mut ttfb = None;
     let mut last = Instant::now();
-    let mut gaps = Vec::with_capacity(CHUNKS);
+    let mut gaps = Vec::with_capacity(CHUNKS + 2);
     let mut done = false;
     // The end may straddle two reads: the last bytes of the one before
     // are searched with the next.
@@ -991,12 +998,20 @@ async fn one(
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|_| "stream broke off".to_owned())?;
         let now = Instant::now();
+        // Gaps are between events as the client has them: the first event
+        // a read completes came `now - last` after the one before, the
+        // others of the same read with it (a proxy that writes events
+        // ready together in one go has a gap of 0 between them).
+        let ended = events_ended(tail.last().copied(), &chunk);
         if ttfb.is_none() {
             ttfb = Some(ms(due.elapsed()));
-        } else {
+            gaps.extend(std::iter::repeat_n(0.0, ended.saturating_sub(1)));
+            last = now;
+        } else if ended > 0 {
             gaps.push(ms(now - last));
+            gaps.extend(std::iter::repeat_n(0.0, ended - 1));
+            last = now;
         }
-        last = now;
         // Chat's end, or the Responses stream's.
         tail.extend_from_slice(&chunk);
         done |= memchr_contains(&tail, b"[DONE]") || memchr_contains(&tail, b"response.completed");
