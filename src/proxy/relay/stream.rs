@@ -87,7 +87,7 @@ pub(super) async fn relay(
         first_token: true,
         frame_events: ex.frame_events.clone(),
         batch: Batch::default(),
-        after: None,
+        closing: None,
         holding: None,
         ended: false,
         _gone: body_gone,
@@ -216,10 +216,12 @@ where
     }
 }
 
-/// The streamed response body. What it hands to the connection counts as
-/// relayed. The reply's end (`[DONE]`, or the end of the stream) settles it
-/// as complete and is held back until its record is durable. Dropped before
-/// the end (the client went away), it settles the reply as interrupted.
+/// The streamed response body. What it reads counts as relayed (what it
+/// holds in its batch goes out next, even on a cut; only a client that
+/// leaves while a batch waits misses it). The reply's end (`[DONE]`, or the
+/// end of the stream) settles it as complete and is held back until its
+/// record is durable. Dropped before the end (the client went away), it
+/// settles the reply as interrupted.
 struct RelayBody<S> {
     /// Shared with the exchange's task, which takes it on a cut.
     reader: Arc<Mutex<Option<Reader<S>>>>,
@@ -235,8 +237,9 @@ struct RelayBody<S> {
     /// Chunks read but not handed out yet: the ones ready together go as
     /// one frame (`batch.rs`).
     batch: Batch,
-    /// How the upstream ended, read behind a batch that goes out first.
-    after: Option<After>,
+    /// The error event that ends a broken stream, after the batch: the
+    /// reply is settled already.
+    closing: Option<Bytes>,
     /// The end, waiting for its record to be durable: the last chunk and
     /// its events (or `None` for the end of the stream) and the
     /// durability future.
@@ -248,24 +251,32 @@ struct RelayBody<S> {
 
 type Durable = Pin<Box<dyn Future<Output = Result<(), StorageError>> + Send>>;
 
-const ENDED_EARLY: &str = "upstream stream ended before the reply was complete";
-
-/// How the upstream's stream ended.
-enum After {
-    Finished,
-    Broke(String),
-}
-
 impl<S> RelayBody<S> {
-    /// Tells the client the stream broke, with an OpenAI-style error event
-    /// (which the SDKs raise as an exception), and records what went out
-    /// like an interruption, with the reason.
-    fn break_off(&mut self, why: &str) -> Poll<Option<Result<Bytes, std::io::Error>>> {
-        self.ended = true;
+    /// Records what went out like an interruption, with the reason, and
+    /// tells the client the stream broke with an OpenAI-style error event
+    /// (which the SDKs raise as an exception), once the batch is out.
+    fn break_off(&mut self, why: &str) {
         self.flight.broke(why);
         let event = serde_json::json!({"error": {
             "message": why, "type": "upstream_error", "param": null, "code": "stream_broken"}});
-        Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))))
+        self.closing = Some(Bytes::from(format!("data: {event}\n\n")));
+    }
+
+    /// The upstream's stream is over (`broke`: why, if it broke): settled
+    /// at once, since nothing more can be relayed; what the client is sent
+    /// follows the batch.
+    fn upstream_ended(&mut self, broke: Option<String>) {
+        if !self.flight.relayed_complete() {
+            let why = broke
+                .as_deref()
+                .unwrap_or("upstream stream ended before the reply was complete");
+            return self.break_off(why);
+        }
+        if let Some(why) = broke {
+            // The client has had the reply's end: it lacks nothing.
+            self.flight.broke(&why);
+        }
+        self.hold_end(None);
     }
 
     /// A frame of the upstream's, with the events parsed from it.
@@ -284,25 +295,6 @@ impl<S> RelayBody<S> {
     fn hand_out(&mut self) -> Option<Poll<Option<Result<Bytes, std::io::Error>>>> {
         let (bytes, events) = self.batch.take()?;
         Some(self.pass(bytes, events))
-    }
-
-    /// The upstream ended: the reply's end, once it is durable, or an
-    /// error event if the client has not had the whole reply.
-    fn ended_by(&mut self, after: After) -> Option<Poll<Option<Result<Bytes, std::io::Error>>>> {
-        let broke = match after {
-            After::Finished => None,
-            After::Broke(why) => Some(why),
-        };
-        if !self.flight.relayed_complete() {
-            let why = broke.as_deref().unwrap_or(ENDED_EARLY);
-            return Some(self.break_off(why));
-        }
-        if let Some(why) = broke {
-            // The client has had the reply's end: it lacks nothing.
-            self.flight.broke(&why);
-        }
-        self.hold_end(None);
-        None
     }
 
     /// The reply's end goes out once its record is durable.
@@ -353,14 +345,12 @@ where
             if this.holding.is_some() {
                 return this.poll_held(cx);
             }
-            if let Some(after) = this.after.take() {
-                match this.ended_by(after) {
-                    Some(out) => return out,
-                    None => continue,
-                }
+            if let Some(event) = this.closing.take() {
+                this.ended = true;
+                return Poll::Ready(Some(Ok(event)));
             }
             if Pin::new(&mut this.cut).poll(cx).is_ready() {
-                // What was read went out in the accounts: it goes out here.
+                // The batch is accounted as relayed already: it goes out.
                 if let Some(out) = this.hand_out() {
                     return out;
                 }
@@ -390,7 +380,7 @@ where
                     Some(Next::HandOut) => this.hand_out().unwrap_or(Poll::Pending),
                 };
             };
-            let after = match step {
+            match step {
                 Step::Chunk(bytes, events) => {
                     this.flight.on_passed(&events);
                     drop(slot);
@@ -404,28 +394,23 @@ where
                         // The end waits for its record; what came before it
                         // does not.
                         this.hold_end(Some((bytes, events)));
-                        match this.hand_out() {
-                            Some(out) => return out,
-                            None => continue,
-                        }
-                    }
-                    match this.batch.push(bytes, events, content_went_out) {
-                        Next::HandOut => match this.hand_out() {
-                            Some(out) => return out,
-                            None => continue,
-                        },
-                        Next::LookAgain => {
-                            // Taking this chunk woke the upstream
-                            // connection's task; once it has read what else
-                            // arrived, this body looks again.
-                            cx.waker().wake_by_ref();
-                            return Poll::Pending;
+                    } else {
+                        let now = std::time::Instant::now();
+                        match this.batch.push(bytes, events, content_went_out, now) {
+                            Next::HandOut => {}
+                            Next::LookAgain => {
+                                // Taking this chunk woke the upstream
+                                // connection's task; once it has read what
+                                // else arrived, this body looks again.
+                                cx.waker().wake_by_ref();
+                                return Poll::Pending;
+                            }
                         }
                     }
                 }
                 Step::Finished => {
                     drop(slot);
-                    After::Finished
+                    this.upstream_ended(None);
                 }
                 Step::Broke(why, events) => {
                     this.flight.on_received(&events);
@@ -434,11 +419,10 @@ where
                     drop(slot);
                     tracing::warn!(upstream = %this.upstream.name, error = %why, "upstream stream failed");
                     this.metrics.upstream_error(&this.upstream.name);
-                    After::Broke(why)
+                    this.upstream_ended(Some(why));
                 }
-            };
-            // The batch goes out before the end.
-            this.after = Some(after);
+            }
+            // The batch goes out before anything that ends the stream.
             if let Some(out) = this.hand_out() {
                 return out;
             }
@@ -448,7 +432,8 @@ where
 
 impl<S> Drop for RelayBody<S> {
     fn drop(&mut self) {
-        if !self.ended {
+        // A broken stream whose error event is still to go out is settled.
+        if !self.ended && self.closing.is_none() {
             self.flight.client_gone();
         }
     }
