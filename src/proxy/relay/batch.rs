@@ -16,7 +16,8 @@ use bytes::{Bytes, BytesMut};
 
 use crate::proxy::accumulate::Event;
 
-/// A batch grows to about this before it goes out whatever follows it.
+/// A batch goes out once it holds this many bytes (or more, by the last
+/// chunk's), whatever follows it.
 pub(super) const MAX_BATCH_BYTES: usize = 32 << 10;
 
 /// Chunks read closer together than this are a backlog, worth waiting a
@@ -33,8 +34,6 @@ pub(super) struct Batch {
     len: usize,
     /// The body has found nothing ready once since the last chunk.
     looked: bool,
-    /// Chunks are coming faster than they go out: the next may be ready.
-    bursting: bool,
     last_read: Option<Instant>,
 }
 
@@ -69,12 +68,13 @@ impl Batch {
             self.events.extend(events);
         }
         self.looked = false;
+        // Read soon after the one before: chunks are coming faster than
+        // they go out, and the next may be ready too.
         let close = self
             .last_read
             .is_some_and(|t| now.saturating_duration_since(t) < BURST_GAP);
         self.last_read = Some(now);
-        self.bursting |= close;
-        if content_went_out && self.bursting && self.len < MAX_BATCH_BYTES {
+        if content_went_out && close && self.len < MAX_BATCH_BYTES {
             Next::LookAgain
         } else {
             Next::HandOut
@@ -83,18 +83,15 @@ impl Batch {
 
     /// The upstream had no chunk ready: `None` if there is nothing to hand
     /// out. The first time after a chunk is not yet evidence that the
-    /// upstream's connection has run: hyper polls a body a second time in
-    /// the same turn when the first poll wrote nothing (its `poll_loop`), so
-    /// the batch waits for a second. A batch of one chunk ends the burst.
+    /// upstream's connection has run: when a body's poll leaves hyper's
+    /// write pending and its flush ready, hyper polls the body again in
+    /// the same turn (its `poll_loop`), so the batch waits for a second.
     pub(super) fn nothing_ready(&mut self) -> Option<Next> {
         if self.frames.is_empty() {
             return None;
         }
         if !std::mem::replace(&mut self.looked, true) {
             return Some(Next::LookAgain);
-        }
-        if self.frames.len() == 1 {
-            self.bursting = false;
         }
         Some(Next::HandOut)
     }
@@ -159,7 +156,7 @@ mod tests {
     }
 
     #[test]
-    fn a_burst_goes_out_as_one_frame_in_order_and_ends_with_a_lone_chunk() {
+    fn a_burst_goes_out_as_one_frame_in_order_and_a_later_chunk_at_once() {
         let (mut batch, mut t) = (Batch::default(), Instant::now());
         assert_eq!(push(&mut batch, "first", true, t), Next::HandOut);
         let (mut expected, mut expected_events) = (Vec::new(), Vec::new());
@@ -177,18 +174,12 @@ mod tests {
         let (out, events) = batch.take().unwrap();
         assert_eq!(&out[..], &expected[..]);
         assert_eq!(events, expected_events);
-        // Still a burst: the next chunk waits for a look, finds nothing
-        // twice and goes alone, which ends the burst.
-        t += CLOSE;
-        assert_eq!(push(&mut batch, "d", true, t), Next::LookAgain);
-        assert_eq!(batch.nothing_ready(), Some(Next::LookAgain));
-        assert_eq!(batch.nothing_ready(), Some(Next::HandOut));
-        batch.take().unwrap();
+        // A chunk that comes later, after a batch of several, goes alone
+        // at once; two close together start a burst again.
         t += Duration::from_millis(5);
-        assert_eq!(push(&mut batch, "e", true, t), Next::HandOut);
+        assert_eq!(push(&mut batch, "d", true, t), Next::HandOut);
         batch.take().unwrap();
-        // Two chunks close together start a burst again.
-        assert_eq!(push(&mut batch, "f", true, t + CLOSE), Next::LookAgain);
+        assert_eq!(push(&mut batch, "e", true, t + CLOSE), Next::LookAgain);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! A streamed answer.
 //!
 //! While the client reads, the response body reads the upstream itself: a
-//! chunk is read, parsed and handed to hyper in one poll of the client's
-//! connection task, with no channel and no second task to wake. The
+//! chunk is read, parsed and handed to hyper in the client's connection
+//! task, with no channel of recall's and no second task to wake (chunks
+//! that come in a burst wait a turn for the next, `batch.rs`). The
 //! exchange's task sleeps meanwhile. When the reply is cut (the client
 //! left, a barge-in, the interrupt endpoint, a shutdown), that task takes
 //! the reader from the body, even from a body the client no longer polls,
