@@ -255,10 +255,20 @@ fn overlap<H: Borrow<Message>>(
     // An alignment uses up every stored message from its start on, each
     // either matched by one sent message or skipped: starts earlier than
     // this cannot line up, so the cost follows the request, not the history.
-    let earliest = earliest_start(history, incoming.len());
+    let (earliest, mut visible) = earliest_start(history, incoming.len());
     for start in earliest..history.len() {
         if best.overlap == incoming.len() {
             return best;
+        }
+        // A start matches at most the visible messages from it on: once
+        // they are no more than the best run, no later start can beat it
+        // (a resend that lined up from its first message stops there).
+        if visible <= best.overlap {
+            break;
+        }
+        let stored: &Message = history[start].borrow();
+        if !is_superseded(stored) {
+            visible -= 1;
         }
         if let Some(found) = align(history, start, incoming) {
             if found.overlap > best.overlap {
@@ -283,19 +293,24 @@ fn overlap<H: Borrow<Message>>(
 }
 
 /// The first index from which the history holds at most `sent` messages
-/// that a request must match (those it may leave out are not counted).
-fn earliest_start<H: Borrow<Message>>(history: &[H], sent: usize) -> usize {
-    let mut needed = 0;
+/// that a request must match (those it may leave out are not counted), and
+/// how many visible messages it holds from there.
+fn earliest_start<H: Borrow<Message>>(history: &[H], sent: usize) -> (usize, usize) {
+    let (mut needed, mut visible) = (0, 0);
     for (i, m) in history.iter().enumerate().rev() {
         let m = m.borrow();
-        if !is_superseded(m) && !may_be_left_out(m) {
+        if is_superseded(m) {
+            continue;
+        }
+        if !may_be_left_out(m) {
             needed += 1;
             if needed > sent {
-                return i + 1;
+                return (i + 1, visible);
             }
         }
+        visible += 1;
     }
-    0
+    (0, visible)
 }
 
 /// Lines `incoming` up against `history[start..]`, which must be used up.

@@ -419,3 +419,86 @@ fn messages_recall_added_may_be_missing_from_a_resend() {
         Decision::Diverge { at: 5, from: 3 }
     );
 }
+
+/// `overlap` as it was before it stopped early: every start that could
+/// line up tried.
+fn overlap_trying_every_start(h: &[Message], sent: &[Message], front_dropped: bool) -> Overlap {
+    let mut best = Overlap::default();
+    let (earliest, _) = earliest_start(h, sent.len());
+    for start in earliest..h.len() {
+        if best.overlap == sent.len() {
+            return best;
+        }
+        if let Some(found) = align(h, start, sent) {
+            if found.overlap > best.overlap {
+                best = found;
+            }
+        }
+    }
+    if front_dropped && earliest == 0 && !h.is_empty() {
+        for skip in 1..sent.len() {
+            if let Some(mut found) = align(h, 0, &sent[skip..]) {
+                found.overlap += skip;
+                if found.overlap > best.overlap {
+                    best = found;
+                }
+            }
+        }
+    }
+    best
+}
+
+/// A stored message of a kind `overlap` treats apart, from a tiny
+/// alphabet so that messages collide.
+fn stored_kind() -> impl proptest::strategy::Strategy<Value = Message> {
+    use proptest::prelude::*;
+    (0u8..7, 0u8..3).prop_map(|(kind, word)| {
+        let text = ["x", "y", "x y"][word as usize];
+        match kind {
+            0 | 1 => u(text),
+            2 => llm(text),
+            3 => cut(text, "x y z"),
+            4 => {
+                let mut m = llm(text);
+                crate::memory::interruption::supersede(&mut m, 1);
+                m
+            }
+            5 => {
+                let mut m = a(text);
+                m.metadata_mut().insert("source", json!("greeting"));
+                m
+            }
+            _ => crate::memory::interruption::failure_reply(text, "503"),
+        }
+    })
+}
+
+fn sent_message() -> impl proptest::strategy::Strategy<Value = Message> {
+    use proptest::prelude::*;
+    (any::<bool>(), 0u8..4).prop_map(|(user, word)| {
+        let text = ["x", "y", "x y", "x "][word as usize];
+        if user {
+            u(text)
+        } else {
+            a(text)
+        }
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+    /// Stopping once no later start can line up more gives what trying
+    /// every start gives.
+    #[test]
+    fn overlap_stops_early_without_changing_its_answer(
+        h in proptest::collection::vec(stored_kind(), 0..14),
+        sent in proptest::collection::vec(sent_message(), 0..10),
+        front_dropped in proptest::prelude::any::<bool>(),
+    ) {
+        let fast = overlap(&h, &sent, front_dropped);
+        let slow = overlap_trying_every_start(&h, &sent, front_dropped);
+        proptest::prop_assert_eq!(fast.overlap, slow.overlap);
+        proptest::prop_assert_eq!(fast.shortened, slow.shortened);
+    }
+}
