@@ -640,54 +640,13 @@ async fn the_failure_message_is_not_shown_to_the_model() {
 /// recall (socket buffers full) when the break is seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_stream_records_exactly_what_the_client_received() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                let mut got = Vec::new();
-                // The request: its head, then a body of content-length bytes.
-                loop {
-                    let Ok(n) = conn.read(&mut buf).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    got.extend_from_slice(&buf[..n]);
-                    let text = String::from_utf8_lossy(&got).to_string();
-                    if let Some(head_end) = text.find("\r\n\r\n") {
-                        let len = text[..head_end]
-                            .lines()
-                            .find_map(|l| {
-                                l.to_ascii_lowercase()
-                                    .strip_prefix("content-length: ")
-                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                            })
-                            .unwrap_or(0);
-                        if got.len() >= head_end + 4 + len {
-                            break;
-                        }
-                    }
-                }
-                let mut out = String::from(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
-                );
-                let mut events = vec![delta_event(json!({"role": "assistant", "content": ""}))];
-                let piece = "x".repeat(20_000);
-                for _ in 0..400 {
-                    events.push(delta_event(json!({"content": piece})));
-                }
-                for e in events {
-                    out.push_str(&format!("{:x}\r\n{e}\r\n", e.len()));
-                }
-                let _ = conn.write_all(out.as_bytes()).await;
-                // No terminating chunk: the connection just ends.
-            });
-        }
-    });
+    let mut events = vec![delta_event(json!({"role": "assistant", "content": ""}))];
+    let piece = "x".repeat(20_000);
+    for _ in 0..400 {
+        events.push(delta_event(json!({"content": piece})));
+    }
+    // In one write, with no terminating chunk: the connection just ends.
+    let addr = raw_upstream::burst_upstream(vec![(Duration::ZERO, events)], false).await;
     let h = Harness::with_config(
         &format!("[[upstreams]]\nname = \"crashy\"\nbase_url = \"http://{addr}/v1\"\n"),
         MockUpstream::start().await,

@@ -2,6 +2,7 @@
 //! receives, and a real recall server on an ephemeral port in front of it.
 #![allow(dead_code)]
 
+pub mod raw_upstream;
 pub mod tls;
 
 use std::collections::VecDeque;
