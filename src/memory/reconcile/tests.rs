@@ -485,6 +485,21 @@ fn sent_message() -> impl proptest::strategy::Strategy<Value = Message> {
     })
 }
 
+#[test]
+fn overlap_stops_after_a_shortened_run_as_every_start_would() {
+    // The first start lines up two of three (the reply heard shortened);
+    // the one start left holds a single visible message.
+    let h = [u("x"), llm("x y")];
+    let sent = [u("x"), a("x"), u("y")];
+    let fast = overlap(&h, &sent, false);
+    let slow = overlap_trying_every_start(&h, &sent, false);
+    assert_eq!(
+        (fast.overlap, &fast.shortened),
+        (2, &vec![(1, "x".to_owned())])
+    );
+    assert_eq!((slow.overlap, &slow.shortened), (2, &fast.shortened));
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
 
