@@ -301,7 +301,9 @@ fn bench_responses_answer(c: &mut Criterion) {
             let mut spare = Vec::new();
             let completion = Completion::read(body.as_bytes(), &mut spare).expect("completion");
             let mut out = Vec::with_capacity(1024 + body.len());
-            serde_json::to_writer(&mut out, &of_completion(&completion, &echo)).expect("written");
+            of_completion(&completion, &echo)
+                .write(&mut out)
+                .expect("written");
             out
         })
     });

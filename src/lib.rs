@@ -13,6 +13,7 @@ pub mod console;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod json;
 pub mod long_term;
 pub mod memory;
 pub mod metrics;

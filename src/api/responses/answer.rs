@@ -65,7 +65,8 @@ pub async fn translate(
     // `tools` to echo, under a kilobyte besides: mostly written without
     // growing.
     let mut body = Vec::with_capacity(1024 + bytes.len());
-    serde_json::to_writer(&mut body, &of_completion(&completion, &echo))
+    of_completion(&completion, &echo)
+        .write(&mut body)
         .map_err(|_| ApiError::Internal)?;
     parts.headers.insert(
         header::CONTENT_TYPE,

@@ -16,7 +16,7 @@
 //! Every event is written from a typed struct that borrows what it shows:
 //! a delta's text (the chunk was parsed once, typed, by
 //! `accumulate::Event`), the items, and the whole Response
-//! (`response::Written`) that opens and ends every stream; only the small
+//! (`response::Written`, by hand) that opens and ends every stream; only the small
 //! `incomplete_details` and `error` objects are built as JSON values.
 
 use serde::ser::{SerializeMap, Serializer};
@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 
 use super::ids;
 use super::response::{usage, Echo, Usage, Written};
+use crate::json;
 use crate::proxy::accumulate::Delta;
 
 /// The stream of one response.
@@ -255,10 +256,6 @@ impl Events {
         incomplete: Value,
         error: Value,
     ) {
-        #[derive(Serialize)]
-        struct WithResponse<R> {
-            response: R,
-        }
         let response = Written {
             echo: &self.echo,
             model: &self.model,
@@ -268,7 +265,17 @@ impl Events {
             output: &self.items,
             usage: self.usage,
         };
-        write_event(out, &mut self.next_seq, kind, WithResponse { response });
+        // As `write_event` would write it, with the Response by hand.
+        let sequence_number = next(&mut self.next_seq);
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        let mut event = json::Object::open(out);
+        json::string(event.key("type"), kind);
+        let _ = response.write(event.key("response"));
+        let _ = json::value(event.key("sequence_number"), &sequence_number);
+        event.close();
+        out.extend_from_slice(b"\n\n");
     }
 
     /// The upstream said how its reply finished (`finish_reason`).

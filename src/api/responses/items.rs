@@ -186,7 +186,9 @@ pub fn response<H: Borrow<Message>>(
         output,
         usage: None,
     };
-    serde_json::to_value(r).ok()
+    let mut out = Vec::new();
+    r.write(&mut out).ok()?;
+    serde_json::from_slice(&out).ok()
 }
 
 #[cfg(test)]

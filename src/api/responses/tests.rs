@@ -244,7 +244,78 @@ fn from_completion(completion: &Value, echo: &Echo) -> Value {
     let bytes = serde_json::to_vec(completion).unwrap();
     let mut spare = Vec::new();
     let c = Completion::read(&bytes, &mut spare).unwrap();
-    serde_json::to_value(of_completion(&c, echo)).unwrap()
+    written(&c, echo)
+}
+
+/// The Response for a read completion, as written, read back.
+fn written(c: &Completion, echo: &Echo) -> Value {
+    let mut out = Vec::new();
+    of_completion(c, echo).write(&mut out).unwrap();
+    serde_json::from_slice(&out).unwrap()
+}
+
+/// Every field of a Response, in OpenAI's order, the echo's defaults
+/// where the request left a field out, and text that needs escaping
+/// written so that it reads back.
+#[test]
+fn a_response_is_written_whole_in_order() {
+    let completion = br#"{"model":"m","choices":[{"finish_reason":"stop",
+        "message":{"role":"assistant","content":"a \"quoted\" line\n"}}],
+        "usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
+    let mut spare = Vec::new();
+    let c = Completion::read(completion, &mut spare).unwrap();
+    let echo = Echo {
+        id: "resp_s_k".into(),
+        items: "s_1".into(),
+        created_at: 7,
+        conversation: Some("conv \"1\"".into()),
+        instructions: Some("Say \"hi\".\n".into()),
+        store: true,
+        ..Echo::default()
+    };
+    let mut out = Vec::new();
+    of_completion(&c, &echo).write(&mut out).unwrap();
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        concat!(
+            r#"{"id":"resp_s_k","object":"response","created_at":7,"status":"completed","#,
+            r#""error":null,"incomplete_details":null,"model":"m","output":[{"type":"message","#,
+            r#""id":"msg_s_1_0","status":"completed","role":"assistant","content":[{"type":"#,
+            r#""output_text","text":"a \"quoted\" line\n","annotations":[]}]}],"usage":"#,
+            r#"{"input_tokens":3,"input_tokens_details":{"cached_tokens":0},"output_tokens":2,"#,
+            r#""output_tokens_details":{"reasoning_tokens":0},"total_tokens":5},"#,
+            r#""previous_response_id":null,"conversation":{"id":"conv \"1\""},"#,
+            r#""instructions":"Say \"hi\".\n","metadata":{},"store":true,"tools":[],"#,
+            r#""tool_choice":"auto","temperature":1.0,"top_p":1.0,"parallel_tool_calls":true,"#,
+            r#""text":{"format":{"type":"text"}},"max_output_tokens":null,"#,
+            r#""truncation":"disabled","reasoning":null,"user":null}"#
+        )
+    );
+    // What the request gave is echoed as it gave it.
+    let mut fields = Map::new();
+    for (k, v) in [
+        ("tools", json!([{"type": "function", "name": "f"}])),
+        ("temperature", json!(0.5)),
+        ("user", json!("u\"1")),
+        ("text", json!({"format": {"type": "json_object"}})),
+    ] {
+        fields.insert(k.into(), v);
+    }
+    let echo = Echo {
+        fields: fields.clone(),
+        metadata: Some(json!({"k": "v\u{1}"})),
+        store: false,
+        ..echo
+    };
+    let r = written(&c, &echo);
+    for (k, v) in &fields {
+        assert_eq!(&r[k], v, "{k}");
+    }
+    assert_eq!(r["metadata"], json!({"k": "v\u{1}"}));
+    assert_eq!(
+        (r["store"].clone(), r["top_p"].clone()),
+        (json!(false), json!(1.0))
+    );
 }
 
 #[test]
@@ -287,7 +358,7 @@ fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
     for body in bodies {
         let mut spare = Vec::new();
         let c = Completion::read(body.as_bytes(), &mut spare).unwrap();
-        let r = serde_json::to_value(of_completion(&c, &echo)).unwrap();
+        let r = written(&c, &echo);
         assert_eq!(r["model"], "b", "{body}");
         assert_eq!(r["output"][0]["content"][0]["text"], "hi", "{body}");
         assert_eq!(r["usage"]["total_tokens"], 2, "{body}");
@@ -298,7 +369,7 @@ fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
     let odd = r#"{"id": "\ud800", "model": "m", "choices": [{"message": "odd"}]}"#;
     let mut spare = Vec::new();
     let c = Completion::read(odd.as_bytes(), &mut spare).unwrap();
-    let r = serde_json::to_value(of_completion(&c, &echo)).unwrap();
+    let r = written(&c, &echo);
     assert_eq!(
         (r["model"].as_str(), r["output"].clone()),
         (Some("m"), json!([]))

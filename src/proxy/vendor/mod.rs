@@ -12,10 +12,9 @@ use std::borrow::Borrow;
 use serde_json::{Map, Value};
 
 use crate::config::{InterruptedRendering, Roles, UpstreamConfig};
+use crate::json;
 use crate::memory::message::{Field, Message};
 use crate::memory::summary::Summary;
-
-mod json;
 
 /// What a vendor mode decides, taken from an upstream's config.
 #[derive(Debug, Clone, PartialEq, Eq)]

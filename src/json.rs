@@ -1,4 +1,5 @@
-//! JSON written straight into the upstream body's buffer.
+//! JSON written straight into a buffer: the upstream body (`vendor`),
+//! a Response (`api::responses`).
 //!
 //! serde_json escapes a string by looking up every byte in a table; for
 //! the window's text, most of the body, that was the largest single cost of
