@@ -281,7 +281,8 @@ fn bench_completion_reply(c: &mut Criterion) {
 /// A non-streaming Response: the chat completion read and the Response
 /// written, as `api::responses` does for each non-streamed response.
 fn bench_responses_answer(c: &mut Criterion) {
-    use recall::api::responses::response::{of_completion, Completion, Echo};
+    use recall::api::responses::completion::Completion;
+    use recall::api::responses::response::{of_completion, Echo};
     let body = serde_json::json!({"id": "c", "object": "chat.completion", "created": 1,
         "model": "mock", "choices": [{"index": 0, "finish_reason": "stop",
         "message": {"role": "assistant", "content": "Sure, here is the answer."}}],

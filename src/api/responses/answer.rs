@@ -13,8 +13,9 @@ use bytes::Bytes;
 use futures_util::Stream;
 use sse_parse::SseParser;
 
+use super::completion::Completion;
 use super::events::Events;
-use super::response::{of_completion, Completion, Echo};
+use super::response::{of_completion, Echo};
 use crate::error::ApiError;
 use crate::proxy::accumulate::Event;
 use crate::proxy::relay::FrameEvents;

@@ -1,18 +1,18 @@
-//! The Responses API over any chat-completions upstream (issue 17), built
-//! in steps. This one: the translations, pure and unit-tested, not yet
-//! routed.
+//! The Responses and Conversations APIs over any chat-completions
+//! upstream (issue 17), on the chat path:
+//! - `create`: `POST /v1/responses`; `read`: `GET`/`DELETE` and
+//!   `input_items`; `conversations`: conversations as sessions;
 //! - `request`: a Responses request body as a chat request body, and what
 //!   it asks of recall's state (`previous_response_id`, `conversation`,
 //!   `store`);
-//! - `response`: a chat completion as a Response object;
-//! - `events`: a chat stream's chunks as the Responses event stream.
-//!
-//! Still to come: the handlers (`POST /v1/responses` through the chat
-//! path, `GET`/`DELETE` and `input_items`), responses kept in sessions
-//! (a chain is a session, a fork shares its parent's prefix), and the
-//! Conversations API.
+//! - `completion`: a chat completion read for its Response;
+//! - `response`: the Response, written; `answer`: the chat path's answer
+//!   as a Response or as the event stream (`events`);
+//! - `items`: stored messages as items; `ids`: ids that name their
+//!   session.
 
 mod answer;
+pub mod completion;
 pub mod conversations;
 mod create;
 pub mod events;

@@ -1,10 +1,11 @@
 //! A chat completion as a Response object (issue 17). Pure: the ids and
 //! the request's echoed fields come in, the Response goes out.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use super::completion::Completion;
 use super::ids;
 use crate::json;
 
@@ -42,96 +43,6 @@ pub const ECHOED: &[&str] = &[
     "reasoning",
     "user",
 ];
-
-/// A chat completion as far as a Response reads it, borrowed from the
-/// answer's bytes: the model, choice 0's message and finish reason, and
-/// the usage. Its leaves stay raw JSON and go out as they came, so this
-/// takes whatever a `Value` reading took once the relay has accepted the
-/// body (choices that are objects). Made only by `read`.
-#[derive(Default)]
-pub struct Completion<'a> {
-    model: Option<&'a RawValue>,
-    finish_reason: Option<&'a RawValue>,
-    usage: Option<&'a RawValue>,
-    /// Empty when choice 0 has no message or it is not an object.
-    message: ChatMessage<'a>,
-}
-
-/// The body as read; the rest is skipped unparsed.
-#[derive(Deserialize)]
-struct Body<'a> {
-    #[serde(borrow, default)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    choices: Vec<Choice<'a>>,
-    #[serde(borrow, default)]
-    usage: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Choice<'a> {
-    #[serde(borrow, default)]
-    message: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    finish_reason: Option<&'a RawValue>,
-}
-
-/// Choice 0's message; read only for the choice a Response shows, so that
-/// an odd message in another choice does not spoil the answer.
-#[derive(Deserialize, Default)]
-struct ChatMessage<'a> {
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    refusal: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
-}
-
-impl<'a> Completion<'a> {
-    /// Reads a completion body. One that repeats a key (JSON allows it,
-    /// the typed reading refuses it), at the top or in the message shown,
-    /// is read as a `Value` reads it, the last one kept, by way of
-    /// `spare`: then its leaves go out as `Value` writes them.
-    pub fn read(body: &'a [u8], spare: &'a mut Vec<u8>) -> serde_json::Result<Self> {
-        let first = Self::typed(body);
-        if let Ok((completion, true)) = first {
-            return Ok(completion);
-        }
-        let normal = serde_json::from_slice::<Value>(body).and_then(|v| serde_json::to_vec(&v));
-        match (first, normal) {
-            (first, Ok(normal)) => {
-                *spare = normal;
-                // A message that is not an object stays unread either way.
-                Self::typed(spare).map(|(c, _)| c).or(first.map(|(c, _)| c))
-            }
-            // What the `Value` reading refuses (a lone surrogate in a
-            // field this reading skips) keeps the first reading.
-            (Ok((completion, _)), Err(_)) => Ok(completion),
-            (Err(e), Err(_)) => Err(e),
-        }
-    }
-
-    /// The completion, and whether choice 0's message (if any) was read.
-    fn typed(body: &'a [u8]) -> serde_json::Result<(Self, bool)> {
-        let Body {
-            model,
-            choices,
-            usage,
-        } = serde_json::from_slice(body)?;
-        let choice = choices.into_iter().next();
-        let raw = choice.as_ref().and_then(|c| c.message);
-        let message = raw.map(|r| serde_json::from_str(r.get()));
-        let read = !matches!(message, Some(Err(_)));
-        let completion = Self {
-            model,
-            finish_reason: choice.and_then(|c| c.finish_reason),
-            usage,
-            message: message.and_then(Result::ok).unwrap_or_default(),
-        };
-        Ok((completion, read))
-    }
-}
 
 /// A Response's output item, as the non-streaming answer writes it.
 #[derive(Serialize)]
@@ -215,7 +126,6 @@ pub fn of_completion<'a>(
         Some("\"content_filter\"") => ("incomplete", json!({"reason": "content_filter"})),
         _ => ("completed", Value::Null),
     };
-    let usage = completion.usage.and_then(Usage::of_raw);
     Written {
         echo,
         model: completion.model,
@@ -223,7 +133,7 @@ pub fn of_completion<'a>(
         incomplete,
         error: Value::Null,
         output,
-        usage,
+        usage: completion.usage,
     }
 }
 
@@ -369,39 +279,9 @@ impl Usage {
         n(",\"total_tokens\":", self.total_tokens, "}");
     }
 
-    /// `usage` for chat's usage as it came, read typed and borrowed: a tree
-    /// of it cost a third of writing the whole Response. Numbers count
-    /// only where `Value::as_u64` would take them (whole, not negative,
-    /// in range), else 0; a repeated key is read as a `Value` reads it.
-    /// Fields not read are skipped unchecked, as `Completion::read` skips
-    /// them: a lone surrogate in one no longer loses the counts.
-    pub(super) fn of_raw(raw: &RawValue) -> Option<Usage> {
-        // A struct would also take a list, field by field.
-        if !is_object(raw) {
-            return None;
-        }
-        Self::typed(raw).or_else(|| usage(&serde_json::from_str(raw.get()).ok()?))
-    }
-
-    fn typed(raw: &RawValue) -> Option<Usage> {
-        let chat: ChatUsage = serde_json::from_str(raw.get()).ok()?;
-        let n = |raw: Option<&RawValue>| raw.and_then(|r| r.get().parse().ok()).unwrap_or(0);
-        let (prompt, completion) = (
-            Details::read(chat.prompt_tokens_details)?,
-            Details::read(chat.completion_tokens_details)?,
-        );
-        Some(Usage::of_chat([
-            n(chat.prompt_tokens),
-            n(prompt.cached_tokens),
-            n(chat.completion_tokens),
-            n(completion.reasoning_tokens),
-            n(chat.total_tokens),
-        ]))
-    }
-
     /// Chat's counts, in the order chat names them: prompt, cached,
     /// completion, reasoning, total.
-    fn of_chat([prompt, cached, completion, reasoning, total]: [u64; 5]) -> Usage {
+    pub(super) fn of_chat([prompt, cached, completion, reasoning, total]: [u64; 5]) -> Usage {
         Usage {
             input_tokens: prompt,
             input_tokens_details: Cached {
@@ -412,44 +292,6 @@ impl Usage {
                 reasoning_tokens: reasoning,
             },
             total_tokens: total,
-        }
-    }
-}
-
-fn is_object(raw: &RawValue) -> bool {
-    raw.get().starts_with('{')
-}
-
-/// Chat's usage, its numbers raw; the rest is skipped unparsed.
-#[derive(Deserialize)]
-struct ChatUsage<'a> {
-    #[serde(borrow, default)]
-    prompt_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    completion_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    total_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    prompt_tokens_details: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    completion_tokens_details: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-struct Details<'a> {
-    #[serde(borrow, default)]
-    cached_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    reasoning_tokens: Option<&'a RawValue>,
-}
-
-impl<'a> Details<'a> {
-    /// None only for an object the typed reading refuses; what is not an
-    /// object counts as no details, as indexing a `Value` finds none.
-    fn read(raw: Option<&'a RawValue>) -> Option<Self> {
-        match raw.filter(|r| is_object(r)) {
-            Some(r) => serde_json::from_str(r.get()).ok(),
-            None => Some(Self::default()),
         }
     }
 }

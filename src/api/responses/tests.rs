@@ -1,8 +1,9 @@
 use serde_json::{json, Map, Value};
 
+use super::completion::Completion;
 use super::ids;
 use super::request::{translate, Translated};
-use super::response::{of_completion, Completion, Echo};
+use super::response::{of_completion, Echo};
 use crate::error::RequestError;
 use crate::memory::message::parse_messages;
 
@@ -382,7 +383,7 @@ fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
 /// `Value` reading gave: whole and not negative, else 0.
 #[test]
 fn chat_usage_reads_as_a_value_reads_it() {
-    use super::response::{usage, Usage};
+    use super::response::usage;
     let cases = [
         r#"{"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}"#,
         r#"{"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16,
@@ -400,16 +401,20 @@ fn chat_usage_reads_as_a_value_reads_it() {
         r#"16"#,
         r#"null"#,
     ];
+    let read = |usage: &str| {
+        let body =
+            format!(r#"{{"choices": [{{"message": {{"content": "hi"}}}}], "usage": {usage}}}"#);
+        let mut spare = Vec::new();
+        let usage = Completion::read(body.as_bytes(), &mut spare).unwrap().usage;
+        usage
+    };
     for raw in cases {
         let value: Value = serde_json::from_str(raw).unwrap();
-        let raw: Box<serde_json::value::RawValue> = serde_json::from_str(raw).unwrap();
-        assert_eq!(Usage::of_raw(&raw), usage(&value), "{raw}");
+        assert_eq!(read(raw), usage(&value), "{raw}");
     }
     // A field not read is skipped unchecked, as the completion's are.
-    let odd: Box<serde_json::value::RawValue> =
-        serde_json::from_str(r#"{"total_tokens": 3, "note": "\ud800"}"#).unwrap();
-    let read = serde_json::to_value(Usage::of_raw(&odd)).unwrap();
-    assert_eq!(read["total_tokens"], 3);
+    let odd = read(r#"{"total_tokens": 3, "note": "\ud800"}"#);
+    assert_eq!(serde_json::to_value(odd).unwrap()["total_tokens"], 3);
 }
 
 /// The answer is read from raw JSON: escaped text goes out as it came,
@@ -442,6 +447,10 @@ fn a_completion_is_read_from_its_raw_json_as_leniently_as_before() {
         json!({"role": "assistant", "content": null}),
         json!({"content": 7}),
         json!("odd"),
+        json!([{"content": "in a list"}, 1]),
+        json!(true),
+        json!(-1.5),
+        Value::Null,
     ] {
         let r = from_completion(&json!({"choices": [{"message": message}]}), &echo);
         assert_eq!(r["output"], json!([]), "{message}");
