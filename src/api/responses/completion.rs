@@ -54,8 +54,49 @@ impl<'a> Completion<'a> {
                 *spare = normal;
                 Self::typed(spare)
             }
-            Err(_) => Err(first),
+            Err(_) => Self::piecewise(body).map_err(|_| first),
         }
+    }
+
+    /// The last resort, for a body neither reading takes (a lone
+    /// surrogate, or a number past `f64`, where a typed reading looks):
+    /// choice 0's message and the usage each read on their own from their
+    /// raw JSON, left out if they do not read, so that an answer the relay
+    /// accepted and stored is still a Response.
+    fn piecewise(body: &'a [u8]) -> serde_json::Result<Self> {
+        #[derive(Deserialize)]
+        struct Raw<'a> {
+            #[serde(borrow, default)]
+            model: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            choices: First<RawChoice<'a>>,
+            #[serde(borrow, default)]
+            usage: Option<&'a RawValue>,
+        }
+        #[derive(Deserialize)]
+        struct RawChoice<'a> {
+            #[serde(borrow, default)]
+            message: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            finish_reason: Option<&'a RawValue>,
+        }
+        fn part<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
+            serde_json::from_str::<IfObject<T>>(raw?.get()).ok()?.0
+        }
+        let Raw {
+            model,
+            choices: First(choice),
+            usage,
+        } = serde_json::from_slice(body)?;
+        let (message, finish_reason) = choice
+            .map(|c| (part(c.message).unwrap_or_default(), c.finish_reason))
+            .unwrap_or_default();
+        Ok(Self {
+            model,
+            finish_reason,
+            usage: part(usage).map(ChatUsage::counts),
+            message,
+        })
     }
 
     fn typed(body: &'a [u8]) -> serde_json::Result<Self> {

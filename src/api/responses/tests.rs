@@ -377,6 +377,31 @@ fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
     );
     let mut spare = Vec::new();
     assert!(Completion::read(b"{\"choices\": [", &mut spare).is_err());
+    // Where no whole reading takes the body (a lone surrogate or a number
+    // past f64 inside a part a typed reading looks into), each part is
+    // read on its own: what reads is kept, the rest left out.
+    let message = r#"{"choices": [{"message": {"content": "hi"}}]"#;
+    for (odd, usage) in [
+        (r#""usage": "\ud800""#, None),
+        (r#""usage": {"\ud800": 1, "total_tokens": 2}"#, None),
+        (r#""usage": {"total_tokens": 1e400}"#, Some(0)),
+        (r#""usage": {"total_tokens": 4}, "x": [1e400]"#, Some(4)),
+    ] {
+        let body = format!("{message}, {odd}}}");
+        let mut spare = Vec::new();
+        let c = Completion::read(body.as_bytes(), &mut spare).expect(&body);
+        let r = written(&c, &echo);
+        assert_eq!(r["output"][0]["content"][0]["text"], "hi", "{body}");
+        assert_eq!(r["usage"]["total_tokens"].as_u64(), usage, "{body}");
+    }
+    let body =
+        r#"{"choices": [{"message": {"content": "\ud800", "content": "hi"}}], "u": "\ud800"}"#;
+    let mut spare = Vec::new();
+    let r = written(
+        &Completion::read(body.as_bytes(), &mut spare).unwrap(),
+        &echo,
+    );
+    assert_eq!(r["output"], json!([]));
 }
 
 /// Chat's usage is read typed from its raw JSON, to the same numbers a
