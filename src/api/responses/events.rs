@@ -178,22 +178,6 @@ struct ArgumentsDone<'a> {
     arguments: &'a str,
 }
 
-/// `response.output_text.delta` (or `response.refusal.delta`), field for
-/// field.
-#[derive(Serialize)]
-struct TextDelta<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    item_id: &'a str,
-    output_index: usize,
-    content_index: u32,
-    delta: &'a str,
-    /// Text deltas have it; refusal deltas do not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    logprobs: Option<[(); 0]>,
-    sequence_number: u64,
-}
-
 /// `response.function_call_arguments.delta`.
 #[derive(Serialize)]
 struct ArgumentsDelta<'a> {
@@ -368,17 +352,29 @@ impl Events {
         } else {
             "response.output_text.delta"
         };
+        // `response.output_text.delta` (or `response.refusal.delta`), by
+        // hand: a stream writes one a chunk, and serde escaped each of its
+        // keys a byte at a time.
         let sequence_number = next(&mut self.next_seq);
-        let event = TextDelta {
-            kind,
-            item_id: id,
-            output_index: at,
-            content_index: part as u32,
-            delta: text,
-            logprobs: (!refusal).then_some([]),
-            sequence_number,
-        };
-        write_sse(out, kind, &event);
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\ndata: {\"type\":\"");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\",\"item_id\":");
+        json::string(out, id);
+        out.extend_from_slice(b",\"output_index\":");
+        let _ = json::value(out, &at);
+        out.extend_from_slice(b",\"content_index\":");
+        let _ = json::value(out, &part);
+        out.extend_from_slice(b",\"delta\":");
+        json::string(out, text);
+        if !refusal {
+            // Text deltas have it; refusal deltas do not.
+            out.extend_from_slice(b",\"logprobs\":[]");
+        }
+        out.extend_from_slice(b",\"sequence_number\":");
+        let _ = json::value(out, &sequence_number);
+        out.extend_from_slice(b"}\n\n");
     }
 
     fn call_delta(

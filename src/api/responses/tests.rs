@@ -549,6 +549,37 @@ mod stream {
         events.iter().map(|e| e["type"].as_str().unwrap()).collect()
     }
 
+    /// A delta's event, written by hand, byte for byte: text with
+    /// something to escape, and a refusal's, which has no `logprobs`.
+    #[test]
+    fn delta_events_are_written_whole() {
+        let mut s = Events::new(echo(), "m");
+        let mut out = Vec::new();
+        s.chunk(&chunk(json!({"content": "a \"b\"\n"}), None), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let last = text.split("\n\n").filter(|e| !e.is_empty()).last().unwrap();
+        assert_eq!(
+            last,
+            concat!(
+                "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",",
+                r#""item_id":"msg_s_0","output_index":0,"content_index":0,"delta":"a \"b\"\n","#,
+                r#""logprobs":[],"sequence_number":2}"#
+            )
+        );
+        let mut out = Vec::new();
+        s.chunk(&chunk(json!({"refusal": "no"}), None), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let last = text.split("\n\n").filter(|e| !e.is_empty()).last().unwrap();
+        assert_eq!(
+            last,
+            concat!(
+                "event: response.refusal.delta\ndata: {\"type\":\"response.refusal.delta\",",
+                r#""item_id":"msg_s_0","output_index":0,"content_index":1,"delta":"no","#,
+                r#""sequence_number":4}"#
+            )
+        );
+    }
+
     #[test]
     fn text_then_calls_stream_in_the_order_the_sdks_expect() {
         let mut s = Events::new(echo(), "m");
