@@ -39,8 +39,8 @@ pub async fn create(
     let (axum::http::request::Parts { headers, .. }, body) = request.into_parts();
     let (arrival, bytes) = chat::Arrival::read(&app, headers, body).await?;
     let body = chat::parse_body(&bytes)?;
-    // By the body's few keys: a lookup of each of the ten echoed ones
-    // cost more than all the Response's other fields together.
+    // By the body's few keys: looking up each of the ten echoed ones cost
+    // a turn about 2.4k instructions more (BENCHMARKS.md, item 42).
     let fields: Map<String, Value> = body
         .iter()
         .filter(|(k, _)| ECHOED.contains(&k.as_str()))

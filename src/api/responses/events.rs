@@ -13,10 +13,10 @@
 //! `response.incomplete` / `response.failed` with the reason. Every event
 //! has a `sequence_number`, from 0.
 //!
-//! Every event is written from a typed struct that borrows what it shows:
-//! a delta's text (the chunk was parsed once, typed, by
-//! `accumulate::Event`), the items, and the whole Response
-//! (`response::Written`, by hand) that opens and ends every stream; only the small
+//! Every event borrows what it shows: a text delta's text (the chunk was
+//! parsed once, typed, by `accumulate::Event`), written by hand, as is the
+//! whole Response (`response::Written`) that opens and ends every stream;
+//! the other events from typed structs. Only the small
 //! `incomplete_details` and `error` objects are built as JSON values.
 
 use serde::ser::{SerializeMap, Serializer};
