@@ -189,13 +189,20 @@ struct ArgumentsDelta<'a> {
     sequence_number: u64,
 }
 
-/// Writes one event as SSE. (Writing to a `Vec` cannot fail, nor can
-/// serialising strings, numbers and JSON values.)
+/// Writes one event as SSE, its data serialised. (Writing to a `Vec`
+/// cannot fail, nor can serialising strings, numbers and JSON values.)
 fn write_sse(out: &mut Vec<u8>, kind: &str, data: &impl Serialize) {
+    frame(out, kind, |out| {
+        let _ = serde_json::to_writer(out, data);
+    });
+}
+
+/// One SSE event of type `kind`, its data written by `data`.
+fn frame(out: &mut Vec<u8>, kind: &str, data: impl FnOnce(&mut Vec<u8>)) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(kind.as_bytes());
     out.extend_from_slice(b"\ndata: ");
-    let _ = serde_json::to_writer(&mut *out, data);
+    data(out);
     out.extend_from_slice(b"\n\n");
 }
 
@@ -251,15 +258,13 @@ impl Events {
         };
         // As `write_event` would write it, with the Response by hand.
         let sequence_number = next(&mut self.next_seq);
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(kind.as_bytes());
-        out.extend_from_slice(b"\ndata: ");
-        let mut event = json::Object::open(out);
-        json::string(event.key("type"), kind);
-        let _ = response.write(event.key("response"));
-        let _ = json::value(event.key("sequence_number"), &sequence_number);
-        event.close();
-        out.extend_from_slice(b"\n\n");
+        frame(out, kind, |out| {
+            let mut event = json::Object::open(out);
+            json::string(event.key("type"), kind);
+            let _ = response.write(event.key("response"));
+            let _ = json::value(event.key("sequence_number"), &sequence_number);
+            event.close();
+        });
     }
 
     /// The upstream said how its reply finished (`finish_reason`).
@@ -356,25 +361,25 @@ impl Events {
         // hand: a stream writes one a chunk, and serde escaped each of its
         // keys a byte at a time.
         let sequence_number = next(&mut self.next_seq);
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(kind.as_bytes());
-        out.extend_from_slice(b"\ndata: {\"type\":\"");
-        out.extend_from_slice(kind.as_bytes());
-        out.extend_from_slice(b"\",\"item_id\":");
-        json::string(out, id);
-        out.extend_from_slice(b",\"output_index\":");
-        let _ = json::value(out, &at);
-        out.extend_from_slice(b",\"content_index\":");
-        let _ = json::value(out, &part);
-        out.extend_from_slice(b",\"delta\":");
-        json::string(out, text);
-        if !refusal {
-            // Text deltas have it; refusal deltas do not.
-            out.extend_from_slice(b",\"logprobs\":[]");
-        }
-        out.extend_from_slice(b",\"sequence_number\":");
-        let _ = json::value(out, &sequence_number);
-        out.extend_from_slice(b"}\n\n");
+        frame(out, kind, |out| {
+            out.extend_from_slice(b"{\"type\":\"");
+            out.extend_from_slice(kind.as_bytes());
+            out.extend_from_slice(b"\",\"item_id\":");
+            json::string(out, id);
+            out.extend_from_slice(b",\"output_index\":");
+            let _ = json::value(out, &at);
+            out.extend_from_slice(b",\"content_index\":");
+            let _ = json::value(out, &part);
+            out.extend_from_slice(b",\"delta\":");
+            json::string(out, text);
+            if !refusal {
+                // Text deltas have it; refusal deltas do not.
+                out.extend_from_slice(b",\"logprobs\":[]");
+            }
+            out.extend_from_slice(b",\"sequence_number\":");
+            let _ = json::value(out, &sequence_number);
+            out.push(b'}');
+        });
     }
 
     fn call_delta(
