@@ -10,29 +10,23 @@
 use std::borrow::Borrow;
 use std::ops::Range;
 
-use serde_json::{Map, Value};
-
 use super::interruption;
-use super::message::{Message, Role};
+pub use super::message::MARK_KEY as KEY;
+use super::message::{Message, ResponseMark, Role};
 
-/// The metadata key of a response's mark.
-pub const KEY: &str = "response";
-
-/// Marks `m` as the first input message of a response. `record` holds
-/// `key` and `input_items` (how many messages the input is), and what the
-/// Response echoes.
-pub fn mark(m: &mut Message, record: Map<String, Value>) {
-    m.metadata_mut().insert(KEY, Value::Object(record));
+/// Marks `m` as the first input message of a response.
+pub fn mark(m: &mut Message, record: ResponseMark) {
+    m.metadata_mut().set_mark(record);
 }
 
 /// The response `m` opens, if any.
-pub fn record(m: &Message) -> Option<&Map<String, Value>> {
-    m.metadata.as_ref()?.get(KEY)?.as_object()
+pub fn record(m: &Message) -> Option<&ResponseMark> {
+    m.metadata.as_ref()?.mark()
 }
 
 /// The key of the response `m` opens.
 pub fn key_of(m: &Message) -> Option<&str> {
-    record(m)?.get("key")?.as_str()
+    Some(&record(m)?.key)
 }
 
 /// Where a response sits in a history, by index.
@@ -48,10 +42,7 @@ pub fn find<H: Borrow<Message>>(history: &[H], key: &str) -> Option<Span> {
     let start = history
         .iter()
         .position(|m| key_of(m.borrow()) == Some(key))?;
-    let count = record(history[start].borrow())
-        .and_then(|r| r.get("input_items"))
-        .and_then(Value::as_u64)
-        .unwrap_or(1) as usize;
+    let count = record(history[start].borrow()).map_or(1, |r| r.input_items) as usize;
     // The input is its own messages only: it ends early at another mark.
     let mut end = start + 1;
     while end < history.len()
@@ -96,9 +87,8 @@ pub fn position<H: Borrow<Message>>(history: &[H], key: &str) -> Position {
         .any(|m| !interruption::is_superseded(m.borrow()));
     // As in OpenAI's API, continuing a conversation's response by its id
     // leaves the conversation as it is.
-    let in_conversation = record(history[span.input.start].borrow())
-        .and_then(|r| r.get("conversation"))
-        .is_some_and(|c| !c.is_null());
+    let in_conversation =
+        record(history[span.input.start].borrow()).is_some_and(|r| r.conversation.is_some());
     if later || in_conversation {
         Position::Older { end }
     } else {
@@ -191,12 +181,13 @@ pub fn continues<H: Borrow<Message>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn marked(role: Role, text: &str, id: &str, items: u64) -> Message {
         let mut m = Message::new(role, text);
-        let Value::Object(r) = json!({"key": id, "input_items": items}) else {
-            unreachable!()
+        let r = ResponseMark {
+            key: id.into(),
+            input_items: items,
+            ..Default::default()
         };
         mark(&mut m, r);
         m
@@ -264,9 +255,11 @@ mod tests {
     fn a_response_of_a_conversation_is_continued_by_its_id_in_a_fork() {
         let mut h = chain();
         let mut m = Message::new(Role::User, "in a conversation");
-        let Value::Object(r) = json!({"key": "c1", "input_items": 1, "conversation": "conv_1"})
-        else {
-            unreachable!()
+        let r = ResponseMark {
+            key: "c1".into(),
+            input_items: 1,
+            conversation: Some("conv_1".into()),
+            ..Default::default()
         };
         mark(&mut m, r);
         h.push(m);
@@ -356,8 +349,10 @@ mod tests {
     #[test]
     fn a_forged_input_count_does_not_overflow() {
         let mut h = chain();
-        let Value::Object(r) = json!({"key": "big", "input_items": u64::MAX}) else {
-            unreachable!()
+        let r = ResponseMark {
+            key: "big".into(),
+            input_items: u64::MAX,
+            ..Default::default()
         };
         mark(&mut h[0], r);
         assert_eq!(find(&h, "big").map(|s| s.input), Some(0..2));

@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::ids;
 use super::request::translate;
@@ -24,6 +24,7 @@ use crate::api::observe::ServedBy;
 use crate::api::PathParams;
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::chain;
+use crate::memory::message::ResponseMark;
 use crate::memory::session;
 use crate::proxy::relay::FrameEvents;
 use crate::server::app::App;
@@ -84,27 +85,20 @@ pub async fn create(
         )
         .into());
     };
-    let mut record = fields.clone();
-    record.insert("key".into(), json!(key));
-    record.insert("input_items".into(), json!(input_items));
-    record.insert("created_at".into(), json!(now_ms / 1000));
-    record.insert("model".into(), json!(model));
-    for (k, v) in [
-        ("previous_response_id", t.previous_response_id.clone()),
-        (
-            "conversation",
-            conversation.as_ref().map(|(id, _)| id.clone()),
-        ),
-        ("instructions", instructions.clone()),
-    ] {
-        if let Some(v) = v {
-            record.insert(k.into(), json!(v));
-        }
-    }
-    if let Some(md) = &t.metadata {
-        record.insert("metadata".into(), md.clone());
-    }
-    chain::mark(first, record);
+    chain::mark(
+        first,
+        ResponseMark {
+            key: key.clone(),
+            input_items: input_items as u64,
+            created_at: now_ms / 1000,
+            model: model.clone(),
+            previous_response_id: t.previous_response_id.clone(),
+            conversation: conversation.as_ref().map(|(id, _)| id.clone()),
+            instructions: instructions.clone(),
+            metadata: t.metadata.clone(),
+            fields: fields.clone(),
+        },
+    );
 
     let target = target(
         &app,

@@ -5,13 +5,13 @@
 
 use std::borrow::Borrow;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::ids;
 use super::response::{Echo, Written, ECHOED};
 use crate::memory::chain::{self, Span};
 use crate::memory::interruption;
-use crate::memory::message::{Message, Role};
+use crate::memory::message::{Message, ResponseMark, Role};
 
 /// A stored message as items: a reply with text and tool calls is a
 /// `message` and a `function_call` per call; `base` is `ids::items_base`
@@ -107,23 +107,21 @@ fn text_of(content: &Value) -> Value {
 }
 
 /// What a response's mark says, as the Response echoes it.
-pub fn echo_of(record: &Map<String, Value>, id: &str, items: String) -> Echo {
-    let text = |k: &str| record.get(k).and_then(Value::as_str).map(str::to_owned);
+pub fn echo_of(record: &ResponseMark, id: &str, items: String) -> Echo {
     Echo {
         id: id.to_owned(),
         items,
-        created_at: record
-            .get("created_at")
-            .and_then(Value::as_i64)
-            .unwrap_or(0),
-        previous_response_id: text("previous_response_id"),
-        conversation: text("conversation"),
-        instructions: text("instructions"),
-        metadata: record.get("metadata").cloned(),
+        created_at: record.created_at,
+        previous_response_id: record.previous_response_id.clone(),
+        conversation: record.conversation.clone(),
+        instructions: record.instructions.clone(),
+        metadata: record.metadata.clone(),
         store: true,
-        fields: ECHOED
+        fields: record
+            .fields
             .iter()
-            .filter_map(|k| Some(((*k).to_owned(), record.get(*k)?.clone())))
+            .filter(|(k, _)| ECHOED.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     }
 }
@@ -179,7 +177,7 @@ pub fn response<H: Borrow<Message>>(
     }
     let r = Written {
         echo: &echo,
-        model: record.get("model"),
+        model: &record.model,
         status,
         incomplete,
         error,
@@ -197,11 +195,9 @@ mod tests {
 
     fn marked(text: &str) -> Message {
         let mut m = Message::new(Role::User, text);
-        let Value::Object(r) = json!({"key": "k1", "input_items": 1, "created_at": 7,
-            "model": "m", "instructions": "Be brief.", "temperature": 0.5})
-        else {
-            unreachable!()
-        };
+        let r = ResponseMark::of_value(&json!({"key": "k1", "input_items": 1, "created_at": 7,
+            "model": "m", "instructions": "Be brief.", "temperature": 0.5}))
+        .unwrap();
         chain::mark(&mut m, r);
         m
     }

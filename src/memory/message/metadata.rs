@@ -3,14 +3,25 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::mark::{ResponseMark, KEY as MARK};
+
 /// A message's `metadata`, kept small: nearly every stored message has a
 /// `source`, nearly always one of a few words, so a known word is kept as a
 /// static string that costs no allocation; anything else is kept in order
-/// beside it (an unusual `source` among them).
+/// beside it (an unusual `source` among them), a response's mark typed.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Metadata {
     source: Option<&'static str>,
-    rest: Box<[(String, Value)]>,
+    rest: Box<[(String, Field)]>,
+}
+
+/// A field's value. The same size as a `Value` (a test holds it), so that
+/// typing the mark costs the other fields nothing.
+#[derive(Debug, Clone, PartialEq)]
+enum Field {
+    Json(Value),
+    /// Only ever under `response`.
+    Mark(Box<ResponseMark>),
 }
 
 const KNOWN_SOURCES: &[&str] = &[
@@ -27,7 +38,31 @@ const KNOWN_SOURCES: &[&str] = &[
 impl Metadata {
     /// Any field but a known `source` (see `get_str`).
     pub fn get(&self, key: &str) -> Option<&Value> {
+        match self.field(key)? {
+            Field::Json(v) => Some(v),
+            Field::Mark(_) => None,
+        }
+    }
+
+    fn field(&self, key: &str) -> Option<&Field> {
         self.rest.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// Whether `key` is set, to a value or a mark (`source` included).
+    pub fn contains(&self, key: &str) -> bool {
+        (key == "source" && self.source.is_some()) || self.field(key).is_some()
+    }
+
+    /// The response this message opens (`memory::chain`).
+    pub fn mark(&self) -> Option<&ResponseMark> {
+        match self.field(MARK)? {
+            Field::Mark(m) => Some(m),
+            Field::Json(_) => None,
+        }
+    }
+
+    pub fn set_mark(&mut self, mark: ResponseMark) {
+        self.set(MARK.to_owned(), Field::Mark(Box::new(mark)));
     }
 
     /// A text field, `source` included.
@@ -53,6 +88,10 @@ impl Metadata {
                 return;
             }
         }
+        self.set(key, Field::Json(value));
+    }
+
+    fn set(&mut self, key: String, value: Field) {
         match self.rest.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => *v = value,
             None => {
@@ -65,8 +104,7 @@ impl Metadata {
 
     /// Sets `key` unless it is set already.
     pub fn insert_default(&mut self, key: &str, value: impl FnOnce() -> Value) {
-        let present = (key == "source" && self.source.is_some()) || self.get(key).is_some();
-        if !present {
+        if !self.contains(key) {
             self.insert(key, value());
         }
     }
@@ -99,7 +137,10 @@ impl Serialize for Metadata {
             map.serialize_entry("source", source)?;
         }
         for (k, v) in self.rest.iter() {
-            map.serialize_entry(k, v)?;
+            match v {
+                Field::Json(v) => map.serialize_entry(k, v)?,
+                Field::Mark(m) => map.serialize_entry(k, m)?,
+            }
         }
         map.end()
     }
@@ -120,9 +161,49 @@ impl<'de> Deserialize<'de> for Metadata {
                     continue;
                 }
             }
-            rest.push((k, v));
+            let field = match (k == MARK).then(|| ResponseMark::of_value(&v)).flatten() {
+                Some(mark) => Field::Mark(Box::new(mark)),
+                None => Field::Json(v),
+            };
+            rest.push((k, field));
         }
         meta.rest = rest.into_boxed_slice();
         Ok(meta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_typed_mark_costs_the_other_fields_nothing() {
+        assert_eq!(std::mem::size_of::<Field>(), std::mem::size_of::<Value>());
+    }
+
+    #[test]
+    fn a_stored_mark_reads_typed_and_writes_as_it_was() {
+        let stored = json!({"source": "message", "x": [1],
+                            "response": {"key": "k", "input_items": 1, "created_at": 3,
+                                         "model": "m", "tools": []}});
+        let meta: Metadata = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(meta.mark().map(|m| m.key.as_str()), Some("k"));
+        // The mark is not an ordinary field.
+        assert_eq!(meta.get(MARK), None);
+        assert!(meta.contains(MARK));
+        assert_eq!(meta.to_value(), stored);
+        let mut meta = meta;
+        meta.remove(MARK);
+        assert_eq!(meta.to_value(), json!({"source": "message", "x": [1]}));
+    }
+
+    #[test]
+    fn a_response_field_that_is_no_mark_stays_a_value() {
+        let stored = json!({"response": {"key": 5}});
+        let meta: Metadata = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(meta.mark(), None);
+        assert!(meta.contains(MARK));
+        assert_eq!(meta.to_value(), stored);
     }
 }

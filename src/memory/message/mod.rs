@@ -18,10 +18,12 @@ use serde_json::{Map, Value};
 
 use crate::memory::tokens::{self, Encoding};
 
+mod mark;
 mod metadata;
 mod parse;
 mod wire;
 
+pub use mark::{ResponseMark, KEY as MARK_KEY};
 pub use metadata::Metadata;
 pub use parse::{check_messages, parse_messages, MessageError};
 

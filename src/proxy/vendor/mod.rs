@@ -184,7 +184,8 @@ impl<H: Borrow<Message>> UpstreamBody<'_, H> {
 fn write_whole(out: &mut Vec<u8>, m: &Message) -> serde_json::Result<()> {
     // A Responses API mark is recall's bookkeeping (it repeats the
     // response's instructions and tools), not the conversation's.
-    if crate::memory::chain::record(m).is_some() {
+    let marked = m.metadata.as_ref();
+    if marked.is_some_and(|md| md.contains(crate::memory::chain::KEY)) {
         let mut m = m.clone();
         if let Some(md) = &mut m.metadata {
             md.remove(crate::memory::chain::KEY);
@@ -302,9 +303,11 @@ mod tests {
     #[test]
     fn custom_mode_leaves_out_a_responses_mark() {
         let mut h = history();
-        let Value::Object(mark) = json!({"key": "k", "input_items": 1, "instructions": "long"})
-        else {
-            unreachable!()
+        let mark = crate::memory::message::ResponseMark {
+            key: "k".into(),
+            input_items: 1,
+            instructions: Some("long".into()),
+            ..Default::default()
         };
         crate::memory::chain::mark(&mut h[0], mark);
         let b = sent(
