@@ -11,28 +11,35 @@ use serde_json::{Map, Value};
 pub const KEY: &str = "response";
 
 /// What recall keeps of a response besides its messages.
+/// Only `key` is required, as only it made a stored object a mark before.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
 pub struct ResponseMark {
     /// The last part of the response's id.
     pub key: String,
     /// How many messages its input is.
+    #[serde(default = "one")]
     pub input_items: u64,
     /// Seconds.
+    #[serde(default)]
     pub created_at: i64,
+    #[serde(default)]
     pub model: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_response_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conversation: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
     /// The request's fields the Response echoes (`tools`, ...), beside
     /// the others in the stored object, as they always were.
     #[serde(flatten)]
     pub fields: Map<String, Value>,
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl ResponseMark {
@@ -76,7 +83,9 @@ mod tests {
             json!(null),
             json!([1]),
             json!({"key": 3}),
-            json!({"input_items": "two"}),
+            json!({"key": "k", "input_items": "two"}),
+            json!({}),
+            json!({"tools": []}),
         ] {
             assert_eq!(ResponseMark::of_value(&odd), None, "{odd}");
         }
