@@ -52,8 +52,20 @@ pub fn sse_accumulator(data: &[u8]) {
     let _ = message.to_openai();
 
     // The same bytes as a non-streaming completion body.
-    if let Some((m, _)) = accumulate::completion_reply(stream) {
-        assert!(serde_json::to_vec(&m).is_ok());
+    if let Some(read) = accumulate::completion_read(stream, true) {
+        assert!(serde_json::to_vec(&read.reply).is_ok());
+        // The parts found are slices of the body, where a reader of the
+        // same bytes looks them up.
+        let parts = [read.parts.model, read.parts.usage, read.parts.message];
+        for at in parts
+            .into_iter()
+            .chain([read.parts.finish_reason])
+            .flatten()
+        {
+            assert!(stream
+                .get(at)
+                .is_some_and(|p| std::str::from_utf8(p).is_ok()));
+        }
     }
 }
 

@@ -34,7 +34,7 @@ use crate::memory::message::{Message, Role};
 use crate::memory::reconcile;
 use crate::memory::session::{self, Joins, Reply};
 use crate::proxy::cache;
-use crate::proxy::relay::{self, Exchange, FrameEvents};
+use crate::proxy::relay::{self, Exchange, Readings};
 use crate::proxy::vendor::{self, TurnInfo};
 use crate::server::app::App;
 
@@ -66,7 +66,7 @@ pub async fn completions(
         messages,
         session,
         served: served.map(|Extension(s)| s),
-        frame_events: None,
+        readings: None,
     };
     Ok(run(&app, turn).await?.response)
 }
@@ -113,8 +113,8 @@ pub(crate) struct Turn {
     /// None: stateless, the client's messages are sent as they are.
     pub session: Option<Target>,
     pub served: Option<ServedBy>,
-    /// Set when recall reads the streamed answer again (`FrameEvents`).
-    pub frame_events: Option<FrameEvents>,
+    /// Set when recall reads the answer again (`Readings`).
+    pub readings: Option<Readings>,
 }
 
 /// The session a turn runs in, and how its messages join it.
@@ -164,7 +164,7 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         messages,
         session,
         served,
-        frame_events,
+        readings,
     } = turn;
     let user = user_id(app, &headers)?;
     let model = match body.get("model") {
@@ -357,7 +357,7 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         arrived,
         fallback,
         slot: admission.into_slot(),
-        frame_events,
+        readings,
     })
     .await?;
     if cache_key.is_some() {

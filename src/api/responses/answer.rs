@@ -18,20 +18,21 @@ use super::events::Events;
 use super::response::{of_completion, Echo};
 use crate::error::ApiError;
 use crate::proxy::accumulate::Event;
-use crate::proxy::relay::FrameEvents;
+use crate::proxy::relay::Readings;
 
 /// The largest chat completion read back for translation (as the relay's
 /// own cap on a non-streaming answer).
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 
-/// `frame_events` (given for a stream) holds what the relay parsed from
-/// each frame, so that the frames it covers are not parsed again.
+/// `readings` holds what the relay parsed of the answer (a whole
+/// completion's parts, each frame's events), so that what it covers is
+/// not parsed again.
 pub async fn translate(
     response: Response,
     echo: Echo,
     model: &str,
     stream: bool,
-    frame_events: Option<FrameEvents>,
+    readings: Readings,
 ) -> Result<Response, ApiError> {
     if response.status() != StatusCode::OK {
         return Ok(response);
@@ -42,7 +43,7 @@ pub async fn translate(
         let events = EventStream {
             inner: body.into_data_stream(),
             parser: SseParser::new(),
-            frame_events: frame_events.unwrap_or_default(),
+            readings,
             events: Events::new(echo, model),
             started: false,
             ended: false,
@@ -56,9 +57,15 @@ pub async fn translate(
             tracing::error!(error = %e, "could not read the chat answer back");
             ApiError::Internal
         })?;
-    // Read once more, typed and borrowed: the relay read it for the record.
+    // Where the relay found its parts (it read it for the record), else
+    // read once more, typed and borrowed.
     let mut spare = Vec::new();
-    let completion = Completion::read(&bytes, &mut spare).map_err(|e| {
+    let found = readings.take_whole(&bytes);
+    let completion = match found.and_then(|p| Completion::of_parts(&bytes, &p)) {
+        Some(completion) => Ok(completion),
+        None => Completion::read(&bytes, &mut spare),
+    };
+    let completion = completion.map_err(|e| {
         tracing::error!(error = %e, "the chat answer is not a completion");
         ApiError::Internal
     })?;
@@ -83,7 +90,7 @@ struct EventStream {
     inner: BodyDataStream,
     /// For the frames recall wrote itself; the relay's come parsed.
     parser: SseParser,
-    frame_events: FrameEvents,
+    readings: Readings,
     events: Events,
     started: bool,
     /// The chat stream said how it ended: `[DONE]`, or an error event.
@@ -97,7 +104,7 @@ impl EventStream {
         // A delta's event is about the size of its chunk, so a frame's
         // events mostly fit without growing.
         let mut out = Vec::with_capacity(frame.len() + 128);
-        if let Some(parsed) = self.frame_events.take(frame) {
+        if let Some(parsed) = self.readings.take_frame(frame) {
             for event in parsed {
                 self.apply(event, &mut out);
             }

@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -17,6 +18,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::response::Usage;
+use crate::proxy::accumulate::Parts;
 
 /// A chat completion as far as a Response reads it. Made only by `read`.
 #[derive(Default)]
@@ -96,6 +98,29 @@ impl<'a> Completion<'a> {
             finish_reason,
             usage: part(usage).map(ChatUsage::counts),
             message,
+        })
+    }
+
+    /// The completion from where the relay found its parts, each read on
+    /// its own as the whole reading reads it; none if one does not read
+    /// so (a repeated key): then the body is read whole.
+    pub fn of_parts(body: &'a [u8], parts: &Parts) -> Option<Self> {
+        fn read<'a, T: Deserialize<'a>>(
+            body: &'a [u8],
+            at: &Option<Range<usize>>,
+        ) -> Option<Option<T>> {
+            match at {
+                None => Some(None),
+                Some(at) => serde_json::from_slice(body.get(at.clone())?).ok().map(Some),
+            }
+        }
+        let usage: Option<IfObject<ChatUsage>> = read(body, &parts.usage)?;
+        let message: Option<IfObject<ChatMessage>> = read(body, &parts.message)?;
+        Some(Self {
+            model: read(body, &parts.model)?,
+            finish_reason: read(body, &parts.finish_reason)?,
+            usage: usage.and_then(|u| u.0).map(ChatUsage::counts),
+            message: message.and_then(|m| m.0).unwrap_or_default(),
         })
     }
 

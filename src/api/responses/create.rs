@@ -26,7 +26,7 @@ use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::chain;
 use crate::memory::message::ResponseMark;
 use crate::memory::session;
-use crate::proxy::relay::FrameEvents;
+use crate::proxy::relay::Readings;
 use crate::server::app::App;
 
 pub async fn create(
@@ -108,14 +108,14 @@ pub async fn create(
         conversation.as_ref(),
     )
     .await?;
-    let frame_events = t.stream.then(FrameEvents::default);
+    let readings = Readings::default();
     let turn = Turn {
         arrival,
         body: chat_body,
         messages,
         session: Some(target),
         served: served.map(|Extension(s)| s),
-        frame_events: frame_events.clone(),
+        readings: Some(readings.clone()),
     };
     let ran = chat::run(&app, turn).await?;
     let internal = ran.session.unwrap_or_default();
@@ -131,7 +131,7 @@ pub async fn create(
         store: t.store,
         fields,
     };
-    super::answer::translate(ran.response, echo, &model, t.stream, frame_events).await
+    super::answer::translate(ran.response, echo, &model, t.stream, readings).await
 }
 
 /// The session the path form (`/sessions/{id}/v1/responses`) or the

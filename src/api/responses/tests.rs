@@ -404,6 +404,57 @@ fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
     assert_eq!(r["output"], json!([]));
 }
 
+/// Where the relay found a completion's parts, the Response written from
+/// them is the one the whole reading writes; a part that does not read on
+/// its own as the whole reading takes it sends the body to that reading.
+#[test]
+fn a_completion_read_from_the_relay_s_parts_is_the_one_read_whole() {
+    use crate::proxy::accumulate::completion_read;
+    let echo = Echo {
+        id: "resp_x".into(),
+        items: "x".into(),
+        ..Echo::default()
+    };
+    let taken = [
+        r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,
+            "message":{"role":"assistant","content":"Hello \"there\"\n"},"finish_reason":"stop"}],
+            "usage":{"prompt_tokens":10,"completion_tokens":8,"total_tokens":18,
+            "prompt_tokens_details":{"cached_tokens":4},
+            "completion_tokens_details":{"reasoning_tokens":2}}}"#,
+        r#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[
+            {"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}},
+            {"id":"call_2","type":"function","function":{"name":"g","arguments":"{\"a\":1}"}}]},
+            "finish_reason":"tool_calls"}],"model":null,"usage":5}"#,
+        r#"{"choices":[{"message":{"role":"assistant","content":"","refusal":"No."},
+            "finish_reason":"content_filter"}],"usage":{"total_tokens":-1}}"#,
+        r#"{"choices":[{"message":{"role":"assistant","content":"cut"},"finish_reason":"length"}],
+            "usage":{"total_tokens":2},"model":"a","model":"b","usage":{"total_tokens":3}}"#,
+        r#"{"choices":[{"message":{"role":"assistant","content":"hi","annotations":[]},"finish_reason":null}],
+            "x":"\ud800","usage":{"prompt_tokens":1.5,"total_tokens":1e400}}"#,
+    ];
+    for body in taken {
+        let read = completion_read(body.as_bytes(), true).expect(body);
+        let from_parts = Completion::of_parts(body.as_bytes(), &read.parts).expect(body);
+        let mut spare = Vec::new();
+        let whole = Completion::read(body.as_bytes(), &mut spare).unwrap();
+        assert_eq!(
+            written(&from_parts, &echo),
+            written(&whole, &echo),
+            "{body}"
+        );
+    }
+    // A message that repeats a key is read whole (the last one kept).
+    let body = r#"{"choices":[{"message":{"role":"assistant","content":"no","content":"hi"}}]}"#;
+    let read = completion_read(body.as_bytes(), true).unwrap();
+    assert!(Completion::of_parts(body.as_bytes(), &read.parts).is_none());
+    // Choice 0 by its index, as the record has it.
+    let body = r#"{"choices":[{"index":1,"message":{"role":"assistant","content":"no"}},
+        {"index":0,"message":{"role":"assistant","content":"yes"}}]}"#;
+    let read = completion_read(body.as_bytes(), true).unwrap();
+    let c = Completion::of_parts(body.as_bytes(), &read.parts).unwrap();
+    assert_eq!(written(&c, &echo)["output"][0]["content"][0]["text"], "yes");
+}
+
 /// Chat's usage is read typed from its raw JSON, to the same numbers a
 /// `Value` reading gave: whole and not negative, else 0.
 #[test]

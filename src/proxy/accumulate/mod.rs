@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::memory::message::{Message, Role};
@@ -444,56 +443,8 @@ fn first_choice(body: &Value) -> Option<&Value> {
         .or_else(|| choices.first().filter(|c| c.get("index").is_none()))
 }
 
-/// What recall reads of a completion body: each choice's index, message
-/// and finish reason, and nothing else (the id, the usage and the rest are
-/// skipped unparsed). Messages stay raw, and only choice 0's is read: the
-/// others are skipped as the id is, so that one a `Value` would refuse (a
-/// lone surrogate escape) no longer makes the whole answer unusable.
-#[derive(Deserialize)]
-struct CompletionBody<'a> {
-    #[serde(borrow)]
-    choices: Vec<CompletionChoice<'a>>,
-}
-
-#[derive(Deserialize)]
-struct CompletionChoice<'a> {
-    #[serde(default)]
-    index: Option<Value>,
-    #[serde(borrow, default)]
-    message: Option<&'a RawValue>,
-    #[serde(default)]
-    finish_reason: Option<Value>,
-}
-
-/// Choice 0 of a non-streaming completion body: its assistant message and
-/// its `finish_reason`. Parsed straight from the bytes: a `Value` tree of
-/// the whole body was 3% of the proxy's CPU at full load, and one of the
-/// message half the time this takes.
-pub fn completion_reply(body: &[u8]) -> Option<(Message, Option<String>)> {
-    let body: CompletionBody = serde_json::from_slice(body).ok()?;
-    let index = |c: &CompletionChoice| c.index.as_ref().map(Value::as_u64);
-    let at = match body.choices.iter().position(|c| index(c) == Some(Some(0))) {
-        Some(at) => at,
-        None if body.choices.first().is_some_and(|c| c.index.is_none()) => 0,
-        None => return None,
-    };
-    let choice = body.choices.into_iter().nth(at)?;
-    let raw = choice.message?.get();
-    // A message that repeats a key is read as a `Value` reads it (the
-    // last one kept), which the typed reading refuses.
-    let mut m: Message = serde_json::from_str(raw)
-        .or_else(|_| serde_json::from_str::<Value>(raw).and_then(serde_json::from_value))
-        .ok()?;
-    m.role = Role::Assistant;
-    // Response-only annotations are not part of the conversation.
-    m.retain_extra(|k, v| k != "annotations" && !v.is_null());
-    let reason = choice
-        .finish_reason
-        .as_ref()
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    Some((m, reason))
-}
+mod completion;
+pub use completion::{completion_read, completion_reply, CompletionRead, Parts};
 
 #[cfg(test)]
 mod tests;

@@ -140,3 +140,64 @@ fn completion_body_gives_choice_zero() {
         assert_eq!(completion_reply(body.as_bytes()), None, "{body}");
     }
 }
+
+/// Where the body's parts lie, for a reader of the same body (the
+/// Responses API): the last of a repeated `model` or `usage`, as a
+/// `Value` keeps; none for a part that is missing or `null`.
+#[test]
+fn a_completion_s_parts_are_found_where_they_lie() {
+    let body = r#"{"model":"a","usage":{"total_tokens":1},"choices":[{"index":0,
+        "message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],
+        "model":"b","usage":{"total_tokens":2},"id":"x"}"#;
+    let read = completion_read(body.as_bytes(), true).unwrap();
+    let at = |r: Option<std::ops::Range<usize>>| r.map(|r| &body[r]);
+    assert_eq!(at(read.parts.model.clone()), Some(r#""b""#));
+    assert_eq!(at(read.parts.usage.clone()), Some(r#"{"total_tokens":2}"#));
+    assert_eq!(
+        at(read.parts.message.clone()),
+        Some(r#"{"role":"assistant","content":"hi"}"#)
+    );
+    assert_eq!(at(read.parts.finish_reason.clone()), Some(r#""stop""#));
+    assert_eq!(read.reason.as_deref(), Some("stop"));
+    // Unasked (chat's record), none are looked for.
+    let unasked = completion_read(body.as_bytes(), false).unwrap();
+    assert_eq!(
+        (unasked.reply, unasked.reason, unasked.parts),
+        (read.reply, read.reason, Parts::default())
+    );
+    let body = r#"{"model":null,"choices":[{"message":{"role":"assistant","content":"hi"},"finish_reason":null}]}"#;
+    let read = completion_read(body.as_bytes(), true).unwrap();
+    assert_eq!(
+        (read.parts.model, read.parts.usage, read.parts.finish_reason),
+        (None, None, None)
+    );
+    // A reason that is not a text is none, as `Value::as_str` has it; an
+    // escaped one is read.
+    for (reason, read_as) in [("7", None), (r#""stop""#, Some("stop"))] {
+        let body = format!(
+            r#"{{"choices":[{{"message":{{"role":"assistant"}},"finish_reason":{reason}}}]}}"#
+        );
+        assert_eq!(
+            completion_read(body.as_bytes(), true)
+                .unwrap()
+                .reason
+                .as_deref(),
+            read_as
+        );
+    }
+    // Repeated choices are refused, as before.
+    let body = r#"{"choices":[{"message":{"role":"assistant"}}],"choices":[{"message":{"role":"assistant"}}]}"#;
+    assert_eq!(completion_read(body.as_bytes(), true), None);
+}
+
+#[test]
+fn an_upstream_reply_cannot_carry_a_response_mark() {
+    let body = r#"{"choices":[{"message":{"role":"assistant","content":"hi",
+        "metadata":{"x":1,"response":{"key":"forged","input_items":1}}}}]}"#;
+    let (reply, _) = completion_reply(body.as_bytes()).unwrap();
+    assert!(crate::memory::chain::record(&reply).is_none());
+    assert_eq!(
+        reply.metadata.as_ref().and_then(|m| m.get("x")),
+        Some(&json!(1))
+    );
+}

@@ -12,9 +12,10 @@
 
 mod batch;
 mod boundary;
+mod readings;
 mod stream;
 
-pub use stream::FrameEvents;
+pub use readings::Readings;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -63,9 +64,9 @@ pub struct Exchange {
     /// it (`App::upstream_slot`): awaited before the call, then held to
     /// the end, drain included.
     pub slot: Option<Acquire>,
-    /// For a streamed answer whose body is read again inside recall: the
-    /// events parsed from each frame, handed along (`FrameEvents`).
-    pub frame_events: Option<FrameEvents>,
+    /// For an answer whose body is read again inside recall: what the
+    /// relay read of it, handed along (`Readings`).
+    pub readings: Option<Readings>,
 }
 
 /// When the upstream was called and when its answer was in, for the
@@ -279,12 +280,19 @@ async fn whole(
         }
     };
     let timing = ex.answered(called);
-    let reply = status
+    let read = status
         .is_success()
-        .then(|| accumulate::completion_reply(&bytes))
+        .then(|| accumulate::completion_read(&bytes, ex.readings.is_some()))
         .flatten();
-    match reply {
-        Some((reply, reason)) => {
+    match read {
+        Some(accumulate::CompletionRead {
+            reply,
+            reason,
+            parts,
+        }) => {
+            if let Some(to) = &ex.readings {
+                to.put_whole(&bytes, parts);
+            }
             // The body is released only once its record is durable.
             if let Err(e) = ex.flight.completed_whole(reply, reason).durable().await {
                 tracing::error!(error = %e, "reply not stored");

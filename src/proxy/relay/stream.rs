@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::batch::{Batch, Next};
 use super::boundary::EventBoundary;
-use super::{response, CutWatch, Exchange, Head, Timing};
+use super::{response, CutWatch, Exchange, Head, Readings, Timing};
 use crate::memory::session::Reply;
 use crate::metrics::Metrics;
 use crate::proxy::accumulate::Event;
@@ -39,31 +39,8 @@ use crate::store::StorageError;
 /// would grow the parser's buffer until the process ran out of memory.
 const MAX_EVENT_BYTES: usize = 8 << 20;
 
-/// The events the relay parsed from the last frame its body handed out, for
-/// a reader of that body that needs them too (the Responses API's
-/// translation), so that each chunk is parsed once. A frame recall wrote
-/// itself (an error event, the cache's answer) has none: its reader parses
-/// it. The frame's bytes are kept with the events so that the reader uses
-/// them only for the very frame it holds.
-#[derive(Clone, Default)]
-pub struct FrameEvents(Arc<Mutex<Option<Frame>>>);
-
 /// A frame's bytes and the events parsed from them.
 type Frame = (Bytes, Vec<Event>);
-
-impl FrameEvents {
-    fn put(&self, frame: &Bytes, events: Vec<Event>) {
-        *lock(&self.0) = Some((frame.clone(), events));
-    }
-
-    /// The events of `frame`, if the relay parsed it (the same bytes, not
-    /// equal ones).
-    pub fn take(&self, frame: &Bytes) -> Option<Vec<Event>> {
-        let (bytes, events) = lock(&self.0).take()?;
-        let same = bytes.as_ptr() == frame.as_ptr() && bytes.len() == frame.len();
-        same.then_some(events)
-    }
-}
 
 /// Gives the client its streamed response, then waits for it to end. If the
 /// reply is cut first, drains the upstream.
@@ -86,7 +63,7 @@ pub(super) async fn relay(
         metrics: Arc::clone(&ex.metrics),
         called: timing.called,
         first_token: true,
-        frame_events: ex.frame_events.clone(),
+        readings: ex.readings.clone(),
         batch: Batch::default(),
         closing: None,
         holding: None,
@@ -234,7 +211,7 @@ struct RelayBody<S> {
     called: Instant,
     first_token: bool,
     /// Where the events of each frame go, for a reader that wants them.
-    frame_events: Option<FrameEvents>,
+    readings: Option<Readings>,
     /// Chunks read but not handed out yet: the ones ready together go as
     /// one frame (`batch.rs`).
     batch: Batch,
@@ -286,8 +263,8 @@ impl<S> RelayBody<S> {
         bytes: Bytes,
         events: Vec<Event>,
     ) -> Poll<Option<Result<Bytes, std::io::Error>>> {
-        if let Some(to) = &self.frame_events {
-            to.put(&bytes, events);
+        if let Some(to) = &self.readings {
+            to.put_frame(&bytes, events);
         }
         Poll::Ready(Some(Ok(bytes)))
     }
@@ -442,23 +419,4 @@ impl<S> Drop for RelayBody<S> {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frame_events_are_given_for_the_very_frame_they_were_parsed_from_once() {
-        let tap = FrameEvents::default();
-        let frame = Bytes::from_static(b"data: [DONE]\n\n");
-        tap.put(&frame, vec![Event::Done]);
-        assert_eq!(tap.take(&frame), Some(vec![Event::Done]));
-        assert_eq!(tap.take(&frame), None, "taken twice");
-        // Equal bytes elsewhere (a frame recall wrote) are parsed by the reader.
-        tap.put(&frame, vec![Event::Done]);
-        let copy = Bytes::copy_from_slice(&frame);
-        assert_eq!(tap.take(&copy), None);
-        assert_eq!(tap.take(&frame), None, "a miss clears what was put");
-    }
 }
