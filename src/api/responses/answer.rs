@@ -59,9 +59,9 @@ pub async fn translate(
         })?;
     // Where the relay found its parts (it read it for the record), else
     // read once more, typed and borrowed.
-    let mut spare = Vec::new();
+    let (mut spare, mut spares) = (Vec::new(), Default::default());
     let found = readings.take_whole(&bytes);
-    let completion = match found.and_then(|p| Completion::of_parts(&bytes, &p)) {
+    let completion = match found.and_then(|p| Completion::of_parts(&bytes, &p, &mut spares)) {
         Some(completion) => Ok(completion),
         None => Completion::read(&bytes, &mut spare),
     };

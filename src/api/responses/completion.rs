@@ -20,7 +20,8 @@ use serde_json::Value;
 use super::response::Usage;
 use crate::proxy::accumulate::Parts;
 
-/// A chat completion as far as a Response reads it. Made only by `read`.
+/// A chat completion as far as a Response reads it. Made only by `read`
+/// and `of_parts`.
 #[derive(Default)]
 pub struct Completion<'a> {
     pub(super) model: Option<&'a RawValue>,
@@ -101,24 +102,29 @@ impl<'a> Completion<'a> {
         })
     }
 
-    /// The completion from where the relay found its parts, each read on
-    /// its own as the whole reading reads it; none if one does not read
-    /// so (a repeated key): then the body is read whole.
-    pub fn of_parts(body: &'a [u8], parts: &Parts) -> Option<Self> {
-        fn read<'a, T: Deserialize<'a>>(
-            body: &'a [u8],
-            at: &Option<Range<usize>>,
-        ) -> Option<Option<T>> {
+    /// The completion from where the relay found its parts (choice 0 by
+    /// its index, as the record has it), each read on its own as the
+    /// whole reading reads it: one that repeats a key by way of a `spare`
+    /// (the last one kept), one that reads neither way left out, as
+    /// `piecewise` leaves it. None if a range is not in the body.
+    pub fn of_parts(body: &'a [u8], parts: &Parts, spares: &'a mut [Vec<u8>; 2]) -> Option<Self> {
+        fn at<'a>(body: &'a [u8], at: &Option<Range<usize>>) -> Option<Option<&'a [u8]>> {
             match at {
                 None => Some(None),
-                Some(at) => serde_json::from_slice(body.get(at.clone())?).ok().map(Some),
+                Some(at) => body.get(at.clone()).map(Some),
             }
         }
-        let usage: Option<IfObject<ChatUsage>> = read(body, &parts.usage)?;
-        let message: Option<IfObject<ChatMessage>> = read(body, &parts.message)?;
+        fn raw(part: Option<&[u8]>) -> Option<&RawValue> {
+            serde_json::from_slice(part?).ok()
+        }
+        let [for_usage, for_message] = spares;
+        let usage: Option<IfObject<ChatUsage>> =
+            at(body, &parts.usage)?.and_then(|p| normal(p, for_usage));
+        let message: Option<IfObject<ChatMessage>> =
+            at(body, &parts.message)?.and_then(|p| normal(p, for_message));
         Some(Self {
-            model: read(body, &parts.model)?,
-            finish_reason: read(body, &parts.finish_reason)?,
+            model: raw(at(body, &parts.model)?),
+            finish_reason: raw(at(body, &parts.finish_reason)?),
             usage: usage.and_then(|u| u.0).map(ChatUsage::counts),
             message: message.and_then(|m| m.0).unwrap_or_default(),
         })
@@ -140,6 +146,19 @@ impl<'a> Completion<'a> {
             message,
         })
     }
+}
+
+/// A part read typed, or, when it repeats a key (JSON allows it, the
+/// typed reading refuses it), as a `Value` reads it, by way of `spare`.
+fn normal<'a, T: Deserialize<'a>>(part: &'a [u8], spare: &'a mut Vec<u8>) -> Option<T> {
+    if let Ok(read) = serde_json::from_slice(part) {
+        return Some(read);
+    }
+    *spare = serde_json::from_slice::<Value>(part)
+        .and_then(|v| serde_json::to_vec(&v))
+        .ok()?;
+    let spare: &'a Vec<u8> = spare;
+    serde_json::from_slice(spare).ok()
 }
 
 /// The body as read; the rest is skipped unparsed.

@@ -80,7 +80,7 @@ fn text(raw: Option<&RawValue>) -> Option<&RawValue> {
     raw.filter(|r| r.get().starts_with('"') && r.get() != "\"\"")
 }
 
-/// The Response for a chat completion (its first choice), to be written
+/// The Response for a chat completion (its choice 0), to be written
 /// straight out.
 pub fn of_completion<'a>(
     completion: &Completion<'a>,

@@ -434,7 +434,9 @@ fn a_completion_read_from_the_relay_s_parts_is_the_one_read_whole() {
     ];
     for body in taken {
         let read = completion_read(body.as_bytes(), true).expect(body);
-        let from_parts = Completion::of_parts(body.as_bytes(), &read.parts).expect(body);
+        let mut spares = Default::default();
+        let from_parts =
+            Completion::of_parts(body.as_bytes(), &read.parts, &mut spares).expect(body);
         let mut spare = Vec::new();
         let whole = Completion::read(body.as_bytes(), &mut spare).unwrap();
         assert_eq!(
@@ -443,15 +445,25 @@ fn a_completion_read_from_the_relay_s_parts_is_the_one_read_whole() {
             "{body}"
         );
     }
-    // A message that repeats a key is read whole (the last one kept).
-    let body = r#"{"choices":[{"message":{"role":"assistant","content":"no","content":"hi"}}]}"#;
+    // A message or usage that repeats a key keeps the last one, as the
+    // whole reading does.
+    let body = r#"{"choices":[{"message":{"role":"assistant","content":"no","content":"hi"}}],
+        "usage":{"total_tokens":1,"total_tokens":2}}"#;
     let read = completion_read(body.as_bytes(), true).unwrap();
-    assert!(Completion::of_parts(body.as_bytes(), &read.parts).is_none());
+    let mut spares = Default::default();
+    let c = Completion::of_parts(body.as_bytes(), &read.parts, &mut spares).unwrap();
+    let r = written(&c, &echo);
+    assert_eq!(r["output"][0]["content"][0]["text"], "hi");
+    assert_eq!(r["usage"]["total_tokens"], 2);
+    let mut spare = Vec::new();
+    let whole = Completion::read(body.as_bytes(), &mut spare).unwrap();
+    assert_eq!(r, written(&whole, &echo));
     // Choice 0 by its index, as the record has it.
     let body = r#"{"choices":[{"index":1,"message":{"role":"assistant","content":"no"}},
         {"index":0,"message":{"role":"assistant","content":"yes"}}]}"#;
     let read = completion_read(body.as_bytes(), true).unwrap();
-    let c = Completion::of_parts(body.as_bytes(), &read.parts).unwrap();
+    let mut spares = Default::default();
+    let c = Completion::of_parts(body.as_bytes(), &read.parts, &mut spares).unwrap();
     assert_eq!(written(&c, &echo)["output"][0]["content"][0]["text"], "yes");
 }
 

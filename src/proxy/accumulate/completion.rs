@@ -119,6 +119,12 @@ impl<'de> Visitor<'de> for Wanted {
 /// from the bytes: a `Value` tree of the whole body was 3% of the proxy's
 /// CPU at full load, and one of the message half the time this takes.
 pub fn completion_read(body: &[u8], parts: bool) -> Option<CompletionRead> {
+    // Parts a raw reading refuses (text that is not UTF-8) do not make the
+    // answer unusable: chat's record takes it, without them.
+    read(body, parts).or_else(|| parts.then(|| read(body, false)).flatten())
+}
+
+fn read(body: &[u8], parts: bool) -> Option<CompletionRead> {
     let at = |raw: Option<&RawValue>| raw.and_then(|r| range_in(body, r.get()));
     let mut de = serde_json::Deserializer::from_slice(body);
     let read = Wanted { parts }.deserialize(&mut de).ok()?;

@@ -173,7 +173,7 @@ fn a_completion_s_parts_are_found_where_they_lie() {
     );
     // A reason that is not a text is none, as `Value::as_str` has it; an
     // escaped one is read.
-    for (reason, read_as) in [("7", None), (r#""stop""#, Some("stop"))] {
+    for (reason, read_as) in [("7", None), (r#""st\u006fp""#, Some("stop"))] {
         let body = format!(
             r#"{{"choices":[{{"message":{{"role":"assistant"}},"finish_reason":{reason}}}]}}"#
         );
@@ -185,6 +185,14 @@ fn a_completion_s_parts_are_found_where_they_lie() {
             read_as
         );
     }
+    // A part a raw reading refuses (not UTF-8) leaves the parts out, not
+    // the reply.
+    let mut body =
+        br#"{"model":"m","choices":[{"message":{"role":"assistant","content":"hi"}}]}"#.to_vec();
+    body[10] = 0xff;
+    let read = completion_read(&body, true).unwrap();
+    assert_eq!(read.parts, Parts::default());
+    assert_eq!(read.reply, Message::new(Role::Assistant, "hi"));
     // Repeated choices are refused, as before.
     let body = r#"{"choices":[{"message":{"role":"assistant"}}],"choices":[{"message":{"role":"assistant"}}]}"#;
     assert_eq!(completion_read(body.as_bytes(), true), None);
