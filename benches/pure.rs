@@ -276,6 +276,10 @@ fn bench_completion_reply(c: &mut Criterion) {
     c.bench_function("completion_reply", |b| {
         b.iter(|| completion_reply(body.as_bytes()).expect("reply"))
     });
+    // For a Responses turn: where the parts lie too.
+    c.bench_function("completion_read_parts", |b| {
+        b.iter(|| recall::proxy::accumulate::completion_read(body.as_bytes(), true).expect("read"))
+    });
 }
 
 /// A non-streaming Response: the chat completion read and the Response
@@ -301,6 +305,23 @@ fn bench_responses_answer(c: &mut Criterion) {
         b.iter(|| {
             let mut spare = Vec::new();
             let completion = Completion::read(body.as_bytes(), &mut spare).expect("completion");
+            let mut out = Vec::with_capacity(1024 + body.len());
+            of_completion(&completion, &echo)
+                .write(&mut out)
+                .expect("written");
+            out
+        })
+    });
+    // As it is done since item 43: from the parts the relay's reading
+    // found, which the relay did anyway.
+    let parts = recall::proxy::accumulate::completion_read(body.as_bytes(), true)
+        .expect("read")
+        .parts;
+    c.bench_function("responses_answer_of_parts", |b| {
+        b.iter(|| {
+            let mut spares = Default::default();
+            let completion =
+                Completion::of_parts(body.as_bytes(), &parts, &mut spares).expect("completion");
             let mut out = Vec::with_capacity(1024 + body.len());
             of_completion(&completion, &echo)
                 .write(&mut out)
