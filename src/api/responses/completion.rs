@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::response::Usage;
+use super::usage::Usage;
 use crate::proxy::accumulate::Parts;
 
 /// A chat completion as far as a Response reads it. Made only by `read`
@@ -48,17 +48,9 @@ impl<'a> Completion<'a> {
     /// last one kept, by way of `spare`: then its leaves go out as `Value`
     /// writes them.
     pub fn read(body: &'a [u8], spare: &'a mut Vec<u8>) -> serde_json::Result<Self> {
-        let first = match Self::typed(body) {
-            Ok(completion) => return Ok(completion),
-            Err(e) => e,
-        };
-        match serde_json::from_slice::<Value>(body).and_then(|v| serde_json::to_vec(&v)) {
-            Ok(normal) => {
-                *spare = normal;
-                Self::typed(spare)
-            }
-            Err(_) => Self::piecewise(body).map_err(|_| first),
-        }
+        normal(body, spare)
+            .map(Self::of_body)
+            .or_else(|first| Self::piecewise(body).map_err(|_| first))
     }
 
     /// The last resort, for a body neither reading takes (a lone
@@ -119,9 +111,9 @@ impl<'a> Completion<'a> {
         }
         let [for_usage, for_message] = spares;
         let usage: Option<IfObject<ChatUsage>> =
-            at(body, &parts.usage)?.and_then(|p| normal(p, for_usage));
+            at(body, &parts.usage)?.and_then(|p| normal(p, for_usage).ok());
         let message: Option<IfObject<ChatMessage>> =
-            at(body, &parts.message)?.and_then(|p| normal(p, for_message));
+            at(body, &parts.message)?.and_then(|p| normal(p, for_message).ok());
         Some(Self {
             model: raw(at(body, &parts.model)?),
             finish_reason: raw(at(body, &parts.finish_reason)?),
@@ -130,35 +122,37 @@ impl<'a> Completion<'a> {
         })
     }
 
-    fn typed(body: &'a [u8]) -> serde_json::Result<Self> {
+    fn of_body(body: Body<'a>) -> Self {
         let Body {
             model,
             choices: First(choice),
             usage: IfObject(usage),
-        } = serde_json::from_slice(body)?;
+        } = body;
         let (message, finish_reason) = choice
             .map(|c| (c.message.0.unwrap_or_default(), c.finish_reason))
             .unwrap_or_default();
-        Ok(Self {
+        Self {
             model,
             finish_reason,
             usage: usage.map(ChatUsage::counts),
             message,
-        })
+        }
     }
 }
 
-/// A part read typed, or, when it repeats a key (JSON allows it, the
-/// typed reading refuses it), as a `Value` reads it, by way of `spare`.
-fn normal<'a, T: Deserialize<'a>>(part: &'a [u8], spare: &'a mut Vec<u8>) -> Option<T> {
-    if let Ok(read) = serde_json::from_slice(part) {
-        return Some(read);
-    }
-    *spare = serde_json::from_slice::<Value>(part)
+/// JSON read typed, or, when it repeats a key (JSON allows it, the typed
+/// reading refuses it), as a `Value` reads it (the last one kept), by way
+/// of `spare`. The typed reading's error if the `Value` reading fails too.
+fn normal<'a, T: Deserialize<'a>>(json: &'a [u8], spare: &'a mut Vec<u8>) -> serde_json::Result<T> {
+    let first = match serde_json::from_slice(json) {
+        Ok(read) => return Ok(read),
+        Err(e) => e,
+    };
+    *spare = serde_json::from_slice::<Value>(json)
         .and_then(|v| serde_json::to_vec(&v))
-        .ok()?;
+        .map_err(|_| first)?;
     let spare: &'a Vec<u8> = spare;
-    serde_json::from_slice(spare).ok()
+    serde_json::from_slice(spare)
 }
 
 /// The body as read; the rest is skipped unparsed.

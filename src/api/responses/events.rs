@@ -24,7 +24,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::ids;
-use super::response::{usage, Echo, Usage, Written};
+use super::response::{Echo, Written};
+use super::usage::{usage, Usage};
 use crate::json;
 use crate::proxy::accumulate::Delta;
 

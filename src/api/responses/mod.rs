@@ -6,8 +6,9 @@
 //!   it asks of recall's state (`previous_response_id`, `conversation`,
 //!   `store`);
 //! - `completion`: a chat completion read for its Response;
-//! - `response`: the Response, written; `answer`: the chat path's answer
-//!   as a Response or as the event stream (`events`);
+//! - `response`: the Response, written, its `usage` in `usage`;
+//!   `answer`: the chat path's answer as a Response or as the event
+//!   stream (`events`);
 //! - `items`: stored messages as items; `ids`: ids that name their
 //!   session.
 
@@ -21,6 +22,7 @@ pub mod items;
 mod read;
 pub mod request;
 pub mod response;
+pub mod usage;
 
 pub use create::create;
 pub use read::{delete, get, input_items};

@@ -471,7 +471,7 @@ fn a_completion_read_from_the_relay_s_parts_is_the_one_read_whole() {
 /// `Value` reading gave: whole and not negative, else 0.
 #[test]
 fn chat_usage_reads_as_a_value_reads_it() {
-    use super::response::usage;
+    use super::usage::usage;
     let cases = [
         r#"{"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16}"#,
         r#"{"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16,

@@ -24,6 +24,18 @@ enum Field {
     Mark(Box<ResponseMark>),
 }
 
+impl Field {
+    /// A value under `key`: under `response`, an object that reads as a
+    /// mark is one, however it came (stored, or set by `insert`), so that
+    /// a message reads the same before it is stored and after.
+    fn of(key: &str, v: Value) -> Field {
+        match (key == MARK).then(|| ResponseMark::of_value(&v)).flatten() {
+            Some(mark) => Field::Mark(Box::new(mark)),
+            None => Field::Json(v),
+        }
+    }
+}
+
 const KNOWN_SOURCES: &[&str] = &[
     "message",
     "llm",
@@ -88,7 +100,8 @@ impl Metadata {
                 return;
             }
         }
-        self.set(key, Field::Json(value));
+        let field = Field::of(&key, value);
+        self.set(key, field);
     }
 
     fn set(&mut self, key: String, value: Field) {
@@ -161,10 +174,7 @@ impl<'de> Deserialize<'de> for Metadata {
                     continue;
                 }
             }
-            let field = match (k == MARK).then(|| ResponseMark::of_value(&v)).flatten() {
-                Some(mark) => Field::Mark(Box::new(mark)),
-                None => Field::Json(v),
-            };
+            let field = Field::of(&k, v);
             rest.push((k, field));
         }
         meta.rest = rest.into_boxed_slice();
@@ -196,6 +206,19 @@ mod tests {
         let mut meta = meta;
         meta.remove(MARK);
         assert_eq!(meta.to_value(), json!({"source": "message", "x": [1]}));
+    }
+
+    #[test]
+    fn a_mark_inserted_as_a_value_reads_as_it_will_once_stored() {
+        let mark = json!({"key": "k"});
+        let mut meta = Metadata::default();
+        meta.insert(MARK, mark.clone());
+        let stored: Metadata = serde_json::from_value(meta.to_value()).unwrap();
+        assert_eq!(meta, stored);
+        assert_eq!(meta.mark().map(|m| m.key.as_str()), Some("k"));
+        meta.insert(MARK, json!({"key": 5}));
+        assert_eq!(meta.mark(), None);
+        assert_eq!(meta.get(MARK), Some(&json!({"key": 5})));
     }
 
     #[test]
