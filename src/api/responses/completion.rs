@@ -53,7 +53,7 @@ impl<'a> Completion<'a> {
             .or_else(|first| Self::piecewise(body).map_err(|_| first))
     }
 
-    /// The last resort, for a body neither reading takes (a lone
+    /// The last resort, for a body the typed readings refuse (a lone
     /// surrogate, or a number past `f64`, where a typed reading looks):
     /// choice 0's message and the usage each read on their own from their
     /// raw JSON, left out if they do not read, so that an answer the relay
