@@ -59,7 +59,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn frame_events_are_given_for_the_very_frame_they_were_parsed_from_once() {
+    fn readings_are_given_for_the_very_frame_they_were_parsed_from_once() {
         let tap = Readings::default();
         let frame = Bytes::from_static(b"data: [DONE]\n\n");
         tap.put_frame(&frame, vec![Event::Done]);
