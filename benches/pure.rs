@@ -301,15 +301,17 @@ fn bench_responses_answer(c: &mut Criterion) {
         store: true,
         ..Echo::default()
     };
+    let written = |completion: &Completion| {
+        let mut out = Vec::with_capacity(1024 + body.len());
+        of_completion(completion, &echo)
+            .write(&mut out)
+            .expect("written");
+        out
+    };
     c.bench_function("responses_answer", |b| {
         b.iter(|| {
             let mut spare = Vec::new();
-            let completion = Completion::read(body.as_bytes(), &mut spare).expect("completion");
-            let mut out = Vec::with_capacity(1024 + body.len());
-            of_completion(&completion, &echo)
-                .write(&mut out)
-                .expect("written");
-            out
+            written(&Completion::read(body.as_bytes(), &mut spare).expect("completion"))
         })
     });
     // As it is done since item 43: from the parts the relay's reading
@@ -320,13 +322,9 @@ fn bench_responses_answer(c: &mut Criterion) {
     c.bench_function("responses_answer_of_parts", |b| {
         b.iter(|| {
             let mut spares = Default::default();
-            let completion =
-                Completion::of_parts(body.as_bytes(), &parts, &mut spares).expect("completion");
-            let mut out = Vec::with_capacity(1024 + body.len());
-            of_completion(&completion, &echo)
-                .write(&mut out)
-                .expect("written");
-            out
+            written(
+                &Completion::of_parts(body.as_bytes(), &parts, &mut spares).expect("completion"),
+            )
         })
     });
 }
