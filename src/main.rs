@@ -6,7 +6,9 @@ use tracing_subscriber::EnvFilter;
 
 // Many small, short-lived allocations per request (JSON, headers, chunks)
 // and long-lived message text side by side: mimalloc keeps both cheaper
-// and less fragmented than the system allocator.
+// and less fragmented than the system allocator. Its `no_thp` feature
+// (Cargo.toml) keeps its arena out of 2 MiB pages a session store fills
+// only in part.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
