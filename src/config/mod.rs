@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 mod console;
 mod long_term;
 mod memory;
+mod mock;
 mod server;
 mod storage;
 mod summary;
@@ -21,6 +22,7 @@ mod webhook;
 pub use console::*;
 pub use long_term::*;
 pub use memory::*;
+pub use mock::*;
 pub use server::*;
 pub use storage::*;
 pub use summary::*;
@@ -99,13 +101,14 @@ impl Config {
         config.validate(path)?;
         // The signing secret lives in the environment, so it is checked
         // here rather than in `validate` (which reads the text alone).
-        crate::webhook::signing_key(&config.webhook, |var| std::env::var(var).ok()).map_err(
-            |e| ConfigError::Invalid {
+        config
+            .webhook
+            .signing_key(|var| std::env::var(var).ok())
+            .map_err(|e| ConfigError::Invalid {
                 path: path.to_owned(),
                 key: "webhook.secret_env".into(),
                 message: e.to_string(),
-            },
-        )?;
+            })?;
         Ok(config)
     }
 
@@ -120,10 +123,9 @@ impl Config {
             // The mock's pace is left unset to tell mock upstreams apart
             // from others; shown here as it takes effect.
             if u.is_mock() {
-                u.mock_chunk_delay_ms
-                    .get_or_insert(crate::proxy::mock::DEFAULT_CHUNK_DELAY_MS);
+                u.mock_chunk_delay_ms.get_or_insert(DEFAULT_CHUNK_DELAY_MS);
                 u.mock_words_per_chunk
-                    .get_or_insert(crate::proxy::mock::DEFAULT_WORDS_PER_CHUNK);
+                    .get_or_insert(DEFAULT_WORDS_PER_CHUNK);
             }
         }
         toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot print: {e}"))
@@ -135,13 +137,14 @@ impl Config {
         config.validate(path)?;
         // The signing secret lives in the environment, so it is checked
         // here rather than in `validate` (which reads the text alone).
-        crate::webhook::signing_key(&config.webhook, |var| std::env::var(var).ok()).map_err(
-            |e| ConfigError::Invalid {
+        config
+            .webhook
+            .signing_key(|var| std::env::var(var).ok())
+            .map_err(|e| ConfigError::Invalid {
                 path: path.to_owned(),
                 key: "webhook.secret_env".into(),
                 message: e.to_string(),
-            },
-        )?;
+            })?;
         Ok(config)
     }
 

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::InterruptedRendering;
-use crate::proxy::mock::MockKind;
+use super::MockKind;
 
 /// What an upstream is sent of the conversational extension fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
@@ -88,11 +88,11 @@ pub struct UpstreamConfig {
     #[serde(default)]
     pub max_concurrent: usize,
     /// `mock://` upstreams only: the wait before each streamed content
-    /// chunk. Unset: `mock::DEFAULT_CHUNK_DELAY_MS`.
+    /// chunk. Unset: `DEFAULT_CHUNK_DELAY_MS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mock_chunk_delay_ms: Option<u64>,
     /// `mock://` upstreams only: words per streamed content chunk. Unset:
-    /// `mock::DEFAULT_WORDS_PER_CHUNK`.
+    /// `DEFAULT_WORDS_PER_CHUNK`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mock_words_per_chunk: Option<usize>,
 }

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use super::MockKind;
 use super::*;
-use crate::proxy::mock::MockKind;
 
 impl Config {
     pub(super) fn validate(&self, path: &Path) -> Result<(), ConfigError> {
@@ -146,7 +146,7 @@ impl Config {
                         &format!(
                             "({:?}) must be an http(s) URL or \"{}\"",
                             u.base_url,
-                            crate::proxy::mock::ECHO_URL
+                            super::ECHO_URL
                         ),
                     ))
                 }
@@ -285,7 +285,7 @@ fn validate_mock_pace(u: &UpstreamConfig) -> Result<(), (&'static str, String)> 
     }
     let delay_ms = u
         .mock_chunk_delay_ms
-        .unwrap_or(crate::proxy::mock::DEFAULT_CHUNK_DELAY_MS);
+        .unwrap_or(super::DEFAULT_CHUNK_DELAY_MS);
     if delay_ms >= u.read_timeout_secs.saturating_mul(1000) {
         return Err((
             "mock_chunk_delay_ms",

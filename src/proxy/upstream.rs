@@ -12,12 +12,13 @@ use bytes::Bytes;
 use http_body_util::Full;
 use wildmatch::WildMatch;
 
+use crate::config::MockKind;
 use crate::config::UpstreamConfig;
 use crate::error::UpstreamError;
 use crate::proxy::client::{self, BodyStream, Client, Response, Settings};
 use crate::proxy::gate::{Gate, Slot};
 use crate::proxy::idle::IdleLimit;
-use crate::proxy::mock::{MockKind, MockServer, Pace};
+use crate::proxy::mock::{MockServer, Pace};
 use crate::proxy::vendor::VendorRules;
 
 /// Request headers a client sets that the upstream must see.

@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::sign::sign_with;
 use super::*;
-use crate::config::WebhookConfig;
+use crate::config::{SecretError, WebhookConfig};
 use crate::metrics::Metrics;
 use crate::store::{EventClaim, KeptClaim, Op, Storage};
 
@@ -65,7 +65,7 @@ impl Webhook {
         storage: Arc<Storage>,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, WebhookError> {
-        let secret = signing_key(config, |var| std::env::var(var).ok())?;
+        let secret = config.signing_key(|var| std::env::var(var).ok())?;
         if secret.is_none() {
             tracing::warn!(
                 "webhook events are sent unsigned: webhook.secret_env names no set variable"

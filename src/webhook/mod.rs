@@ -29,7 +29,7 @@ mod sign;
 mod tests;
 
 pub use http::{Webhook, WebhookError};
-pub use sign::{new_event_id, sign, signing_key, SecretError};
+pub use sign::{new_event_id, sign};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,57 +1,9 @@
-//! Standard Webhooks signing: the key from the configured secret, event
-//! ids, and `webhook-signature`.
+//! Standard Webhooks signing: event ids and `webhook-signature` (the key
+//! is the config's, `WebhookConfig::signing_key`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine as _;
-
-use crate::config::WebhookConfig;
-
-/// A signing secret that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum SecretError {
-    // The secret itself is never part of the message: errors are logged.
-    #[error("names a variable ({var}) whose secret starts with `whsec_` but the rest is not base64 (standard alphabet, padding optional)")]
-    NotBase64 { var: String },
-    #[error("names a variable ({var}) whose `whsec_` secret decodes to no bytes")]
-    Empty { var: String },
-}
-
-/// The base64 of `whsec_` secrets, as the Standard Webhooks libraries read
-/// it: the standard alphabet, with or without padding.
-const WHSEC: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    base64::engine::GeneralPurposeConfig::new()
-        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent)
-        .with_decode_allow_trailing_bits(true),
-);
-
-/// The HMAC key for `webhook-signature`: `None` when `secret_env` is unset
-/// or names an unset or empty variable (`lookup` reads variables). A
-/// secret that starts with `whsec_` is the base64 of the key (as the
-/// Standard Webhooks libraries take it); any other secret's bytes are the
-/// key.
-pub fn signing_key(
-    config: &WebhookConfig,
-    lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Option<Vec<u8>>, SecretError> {
-    let Some(var) = config.secret_env.as_deref() else {
-        return Ok(None);
-    };
-    let Some(secret) = lookup(var).filter(|s| !s.is_empty()) else {
-        return Ok(None);
-    };
-    let Some(encoded) = secret.strip_prefix("whsec_") else {
-        return Ok(Some(secret.into_bytes()));
-    };
-    let key = WHSEC
-        .decode(encoded)
-        .map_err(|_| SecretError::NotBase64 { var: var.into() })?;
-    if key.is_empty() {
-        return Err(SecretError::Empty { var: var.into() });
-    }
-    Ok(Some(key))
-}
 
 /// A new event id for `webhook-id`: `msg_`, the time in ms (hex, so that
 /// kept events list oldest first) and 64 random bits.

@@ -1,14 +1,14 @@
 //! Signing and events.
 
 use super::*;
-use crate::config::WebhookConfig;
+use crate::config::{SecretError, WebhookConfig};
 
 fn key_of(secret: &str) -> Result<Option<Vec<u8>>, SecretError> {
     let config = WebhookConfig {
         secret_env: Some("HOOK_SECRET".into()),
         ..WebhookConfig::default()
     };
-    signing_key(&config, |var| {
+    config.signing_key(|var| {
         assert_eq!(var, "HOOK_SECRET");
         Some(secret.to_owned())
     })
@@ -59,7 +59,8 @@ fn whsec_secrets_decode_with_or_without_padding_and_bad_ones_are_refused() {
     assert!(matches!(key_of("whsec_"), Err(SecretError::Empty { .. })));
     // Unset or empty: unsigned.
     assert!(key_of("").unwrap().is_none());
-    assert!(signing_key(&WebhookConfig::default(), |_| None)
+    assert!(WebhookConfig::default()
+        .signing_key(|_| None)
         .unwrap()
         .is_none());
 }

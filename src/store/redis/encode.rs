@@ -7,15 +7,37 @@
 //! lease lapsed while it worked cannot overwrite the turns of the replica
 //! that took the session over.
 
-use redis::Cmd;
+use redis::{Cmd, Pipeline};
 
 use super::keys::{bucket, Keys};
-use super::writer::{Unit, Writer};
 use crate::memory::message::Message;
-use crate::store::{Batch, Op, StorageError};
+use crate::store::{Batch, Faults, Fences, Op, StorageError};
 
 /// The script every session write runs (see its header for arguments).
 pub(super) const APPLY: &str = include_str!("apply.lua");
+
+/// One session's part of a round: the batches of one session (or one
+/// batch that changes no session, a webhook event's), in order.
+#[derive(Default)]
+pub(super) struct Unit {
+    pub session: Option<String>,
+    pub batches: Vec<usize>,
+    /// Index additions, sent before the script.
+    pub pre: Vec<Cmd>,
+    /// The script call (none for a unit without a session) and, after it,
+    /// the releases of the session's leases.
+    pub tx: Option<Pipeline>,
+    /// The version the script expects (`Op::Expect`), by how much its
+    /// batches move it, and its count of late updates.
+    pub expect: Option<u64>,
+    pub bumps: u64,
+    pub lates: u64,
+    /// Whether it leaves the session deleted, and the users whose sets
+    /// then no longer name it: removals sent after the script.
+    pub deleted: bool,
+    pub deleted_users: Vec<String>,
+    pub failed: Option<String>,
+}
 
 /// What a unit's batches come to.
 #[derive(Default)]
@@ -31,7 +53,9 @@ struct Script {
 
 /// Encodes a unit's batches: its index additions and its script.
 pub(super) fn encode(
-    w: &Writer,
+    keys: &Keys,
+    fences: &Fences,
+    faults: &Faults,
     unit: &mut Unit,
     batches: &[Batch],
     results: &mut [Result<(), String>],
@@ -41,15 +65,12 @@ pub(super) fn encode(
     let mut fenced = unit
         .session
         .as_deref()
-        .is_some_and(|id| w.fences.contains(id));
+        .is_some_and(|id| fences.contains(id));
     let mut sent = Vec::new();
     for &i in &unit.batches {
         let b = &batches[i];
         if fenced && !b.lifts_fence() {
-            results[i] = w
-                .fences
-                .admits(b)
-                .and(Err("an earlier write failed".into()));
+            results[i] = fences.admits(b).and(Err("an earlier write failed".into()));
             continue;
         }
         fenced = false;
@@ -64,7 +85,7 @@ pub(super) fn encode(
         let b = &batches[i];
         let mut pre = Vec::new();
         for op in &b.ops {
-            if let Err(e) = queue(&mut script, &mut pre, unit, &w.keys, op) {
+            if let Err(e) = queue(&mut script, &mut pre, unit, keys, op) {
                 // Not half a batch: the whole unit is refused.
                 tracing::error!(error = %e, "a change could not be encoded");
                 script.refuse.get_or_insert_with(|| format!("{e}"));
@@ -72,7 +93,7 @@ pub(super) fn encode(
         }
         script.bumps += u64::from(b.ops.iter().any(Op::bumps));
         script.lates += u64::from(b.ops.iter().any(|op| matches!(op, Op::SetLate { .. })));
-        if w.faults.batch_fails(b) {
+        if faults.batch_fails(b) {
             // Refused as Redis refuses a script it cannot run (out of
             // memory): nothing of the unit is written, its additions
             // neither.
@@ -91,9 +112,9 @@ pub(super) fn encode(
     let mut call = redis::cmd("EVAL");
     call.arg(APPLY)
         .arg(3)
-        .arg(w.keys.meta(id))
-        .arg(w.keys.messages(id))
-        .arg(w.keys.late(id))
+        .arg(keys.meta(id))
+        .arg(keys.messages(id))
+        .arg(keys.late(id))
         .arg(
             script
                 .expect

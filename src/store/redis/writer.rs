@@ -31,7 +31,7 @@ use redis::{Cmd, Pipeline, Value};
 use tokio::sync::mpsc;
 
 use super::conn::Conn;
-use super::encode::encode;
+use super::encode::{encode, Unit};
 use super::keys::{bucket, Keys};
 use super::{Stamp, RELEASE};
 use crate::store::{Batch, Faults, Fences, Op};
@@ -60,29 +60,6 @@ pub(super) async fn write_loop(mut w: Writer, mut rx: mpsc::UnboundedReceiver<Ba
         w.writes.observe(started.elapsed().as_secs_f64());
         crate::store::settle("redis", ops, &w.fences, batches, results);
     }
-}
-
-/// One session's part of a round: the batches of one session (or one
-/// batch that changes no session, a webhook event's), in order.
-#[derive(Default)]
-pub(super) struct Unit {
-    pub session: Option<String>,
-    pub batches: Vec<usize>,
-    /// Index additions, sent before the script.
-    pub pre: Vec<Cmd>,
-    /// The script call (none for a unit without a session) and, after it,
-    /// the releases of the session's leases.
-    pub tx: Option<Pipeline>,
-    /// The version the script expects (`Op::Expect`), by how much its
-    /// batches move it, and its count of late updates.
-    pub expect: Option<u64>,
-    pub bumps: u64,
-    pub lates: u64,
-    /// Whether it leaves the session deleted, and the users whose sets
-    /// then no longer name it: removals sent after the script.
-    pub deleted: bool,
-    pub deleted_users: Vec<String>,
-    pub failed: Option<String>,
 }
 
 /// One round. Redis runs a script whole or refuses it (out of memory, a
@@ -125,7 +102,7 @@ async fn apply_round(w: &mut Writer, batches: &[Batch]) -> Vec<Result<(), String
         units[unit].batches.push(i);
     }
     for unit in &mut units {
-        encode(w, unit, batches, &mut results);
+        encode(&w.keys, &w.fences, &w.faults, unit, batches, &mut results);
     }
     // Leases are given up after the writes they covered, whether those
     // were stored or not (the next holder reloads what was), on the
