@@ -79,7 +79,8 @@ pub fn sse_accumulator(data: &[u8]) {
 pub fn request_reconcile(data: &[u8]) {
     // The one-pass reading takes only bodies the general reading takes,
     // and reads them alike.
-    if let Some(one_pass) = crate::api::chat::one_pass::read(data, 2048) {
+    if let Some((body, messages)) = crate::api::chat::one_pass::read(data, 2048) {
+        let one_pass = crate::api::ChatRequest { body, messages };
         let general = crate::api::chat::parse_body(data)
             .and_then(|body| crate::api::chat::request_of(body, 2048));
         match general {

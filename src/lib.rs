@@ -25,4 +25,5 @@ pub mod summarizer;
 pub mod webhook;
 
 pub use config::Config;
-pub use server::app::{router, serve, App};
+pub use server::app::App;
+pub use server::serve::{router, serve};

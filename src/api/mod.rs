@@ -37,13 +37,11 @@ use crate::api::responses::conversations;
 use crate::error::{ApiError, RequestError};
 use crate::server::app::App;
 
-pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
-    let console = match app.console {
-        Some(_) => crate::console::routes(app),
-        None => Router::new(),
-    };
+/// The API's routes, and `beside` them routes served under the same
+/// layers and fallbacks (the console's).
+pub fn routes(app: &Arc<App>, beside: Router<Arc<App>>) -> Router<Arc<App>> {
     let mut router = Router::new()
-        .merge(console)
+        .merge(beside)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics));

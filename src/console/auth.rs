@@ -21,26 +21,15 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use subtle::ConstantTimeEq;
 
+use super::ctx::{Ctx, CSRF_FIELD, CSRF_HEADER};
 use super::page;
 use crate::api::auth::Access;
 use crate::server::app::App;
 
 pub const SESSION_COOKIE: &str = "recall_console";
 pub const CSRF_COOKIE: &str = "recall_csrf";
-pub const CSRF_HEADER: &str = "x-csrf-token";
-pub const CSRF_FIELD: &str = "csrf";
 /// Forms are small: a summary is the largest thing posted.
 const MAX_FORM_BYTES: usize = 256 * 1024;
-
-/// What every console handler gets from the guard.
-#[derive(Clone, Debug)]
-pub struct Ctx {
-    /// None only on the sign-in page, for whoever is not signed in.
-    pub access: Option<Access>,
-    pub csrf: String,
-    /// Signed in with a cookie (so a sign-out makes sense).
-    pub signed_in: bool,
-}
 
 /// The value of cookie `name` in a request's headers.
 pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -15,7 +15,7 @@ use futures_util::stream;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::Ctx;
+use super::ctx::Ctx;
 use super::page;
 use crate::api::sessions::{existing, Target};
 use crate::api::QueryParams;

@@ -13,6 +13,7 @@
 //! `live::next`, `series` and `plot` are pure; the rest is HTTP.
 
 pub mod auth;
+pub mod ctx;
 pub mod gate;
 mod live;
 mod page;
@@ -20,11 +21,11 @@ pub mod plot;
 pub mod series;
 mod session;
 mod sessions;
+pub mod state;
 pub mod transcript;
 mod users;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -35,39 +36,7 @@ use axum::{Extension, Router};
 use maud::html;
 
 use crate::server::app::App;
-use auth::Ctx;
-
-/// The console's state in the `App`.
-pub struct Console {
-    pub gate: gate::Gate,
-    pub series: Arc<series::Series>,
-}
-
-impl Console {
-    /// Starts sampling the overview's figures (so: inside a runtime).
-    pub fn start(app_parts: Parts<'_>) -> Self {
-        let series = Arc::new(series::Series::new());
-        let clock = app_parts.clock.clone();
-        series.spawn(
-            Arc::clone(app_parts.metrics),
-            Duration::from_secs(app_parts.sample_secs),
-            move || clock.now_ms(),
-        );
-        Self {
-            gate: gate::Gate::new(app_parts.admin_token, app_parts.client_keys),
-            series,
-        }
-    }
-}
-
-/// What the console is built from.
-pub struct Parts<'a> {
-    pub admin_token: Option<&'a str>,
-    pub client_keys: Option<&'a crate::api::auth::ClientKeys>,
-    pub metrics: &'a Arc<crate::metrics::Metrics>,
-    pub clock: &'a crate::clock::Clock,
-    pub sample_secs: u64,
-}
+use ctx::Ctx;
 
 pub fn routes(app: &Arc<App>) -> Router<Arc<App>> {
     Router::new()

@@ -6,7 +6,7 @@ use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 
-use super::auth::Ctx;
+use super::ctx::Ctx;
 use crate::error::ApiError;
 
 /// Scripts and styles only from recall itself, no inline code (a message
@@ -85,7 +85,7 @@ pub fn frame(csrf: &str, title: &str, signed_in: bool, body: Markup) -> Markup {
 }
 
 pub fn csrf_field(csrf: &str) -> Markup {
-    html! { input type="hidden" name=(super::auth::CSRF_FIELD) value=(csrf); }
+    html! { input type="hidden" name=(super::ctx::CSRF_FIELD) value=(csrf); }
 }
 
 /// A short page saying why a request was refused.

@@ -11,7 +11,8 @@ use axum::Extension;
 use maud::{html, Markup};
 use serde_json::json;
 
-use super::auth::{form_field, Ctx};
+use super::auth::form_field;
+use super::ctx::Ctx;
 use super::page::{self, csrf_field, when};
 use super::sessions::{session_href, users_href};
 use super::transcript::{entries, Entry, Shown};
@@ -197,7 +198,7 @@ pub async fn interrupt(
     let back = session_href(&target.name);
     let done = sessions::interrupt(State(app), target, Body::empty()).await;
     match done {
-        Ok(_) if headers.contains_key(super::auth::CSRF_HEADER) => {
+        Ok(_) if headers.contains_key(super::ctx::CSRF_HEADER) => {
             axum::http::StatusCode::NO_CONTENT.into_response()
         }
         done => page::done_or_error(&ctx, done, &back),

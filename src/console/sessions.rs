@@ -11,7 +11,7 @@ use axum::Extension;
 use maud::{html, Markup};
 use serde::Deserialize;
 
-use super::auth::Ctx;
+use super::ctx::Ctx;
 use super::page;
 use crate::api::auth::Access;
 use crate::api::QueryParams;

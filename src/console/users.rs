@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::Extension;
 use maud::html;
 
-use super::auth::Ctx;
+use super::ctx::Ctx;
 use super::page::{self, csrf_field, when};
 use super::sessions::{segment, user_href};
 use crate::api::memory::UserTarget;

@@ -1,29 +1,24 @@
-//! The application: shared state, the router with its layers, and serving.
+//! The application: the state every handler shares, and how it is built.
+//! The routes over it and serving are `serve.rs`.
 
-use crate::long_term::{LongTerm, Parts};
-use crate::models::{UpstreamChat, UpstreamEmbedding};
-use crate::store::{Notes, Records};
-use crate::summarizer::Summarizer;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::Router;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use crate::api::auth::{Access, ClientKeys};
 use crate::config::Config;
+use crate::console::state::{Console, Parts as ConsoleParts};
 use crate::error::{ApiError, RequestError};
+use crate::long_term::{LongTerm, Parts};
 use crate::memory::message::{Message, Role};
 use crate::memory::session::{Policy, Store};
 use crate::metrics::{Cause, Metrics};
+use crate::models::{UpstreamChat, UpstreamEmbedding};
 use crate::proxy::cache::AnswerCache;
 use crate::proxy::gate::{Acquire, Gate, Place};
 use crate::proxy::upstream::{BuildError, Upstreams};
-use crate::server::threads::Pool;
-use crate::store::Storage;
+use crate::store::{Notes, Records, Storage};
+use crate::summarizer::Summarizer;
 use crate::webhook::{LogOnly, Notifier, Webhook};
 
 pub struct App {
@@ -58,7 +53,7 @@ pub struct App {
     /// Long-term memory's models and jobs, with `[long_term] enabled`.
     pub long_term: Option<Arc<LongTerm>>,
     /// The web console, with `[console] enabled`.
-    pub console: Option<crate::console::Console>,
+    pub console: Option<Console>,
 }
 
 /// Long-term memory, when enabled (validation made sure both its models
@@ -178,7 +173,7 @@ impl App {
         let limit = config.server.max_concurrent_upstream;
         let upstream_slots = (limit > 0).then(|| Gate::new(limit));
         let console = config.console.enabled.then(|| {
-            crate::console::Console::start(crate::console::Parts {
+            Console::start(ConsoleParts {
                 admin_token: admin_token.as_deref(),
                 client_keys: client_keys.as_ref(),
                 metrics: &metrics,
@@ -262,70 +257,6 @@ impl App {
     }
 }
 
-/// The router. Every request passes through `api::observe` (request id,
-/// span, log line, metrics) once it is routed, so that it knows the route.
-pub fn router(app: Arc<App>) -> Router {
-    crate::api::routes(&app).with_state(app)
-}
-
-/// Serves until `shutdown` resolves, on `[server] worker_threads` threads:
-/// this runtime's, which accepts, and one runtime per further thread
-/// (`threads`).
-/// Then: stop accepting, let replies in flight finish for up to
-/// `shutdown_grace_secs`, record the rest as interrupted, hand memory that
-/// would be lost to the webhook, flush storage and the webhook queue.
-pub async fn serve(
-    listener: TcpListener,
-    app: Arc<App>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let stopping = CancellationToken::new();
-    let mut pool = Pool::start(
-        app.config.server.serving_threads() - 1,
-        || router(Arc::clone(&app)),
-        listener.local_addr()?,
-        &stopping,
-    )?;
-    let sweeper = tokio::spawn(crate::memory::lifecycle::sweeper(
-        Arc::clone(&app),
-        Arc::clone(&app.sweep_now),
-    ));
-    let graceful = {
-        let stopping = stopping.clone();
-        async move {
-            shutdown.await;
-            stopping.cancel();
-        }
-    };
-    let enforcer = {
-        let app = Arc::clone(&app);
-        let stopping = stopping.clone();
-        tokio::spawn(async move {
-            stopping.cancelled().await;
-            let grace = Duration::from_secs(app.config.server.shutdown_grace_secs);
-            tracing::info!(?grace, "shutting down: finishing replies in flight");
-            tokio::time::sleep(grace).await;
-            let cut = app.interrupt_all();
-            tracing::warn!(
-                replies = cut,
-                "shutdown grace over: replies in flight recorded as interrupted"
-            );
-        })
-    };
-    let here = axum::serve(pool.dispatch(listener), router(Arc::clone(&app)))
-        .with_graceful_shutdown(graceful)
-        .await;
-    let elsewhere = pool.served().await;
-    // An interrupt_all already under way finishes (and queues its records)
-    // before the final flush.
-    enforcer.abort();
-    let _ = enforcer.await;
-    sweeper.abort();
-    app.wind_down().await;
-    pool.join().await;
-    here.and(elsewhere)
-}
-
 impl App {
     /// Cuts off every reply in flight, recording each as interrupted.
     pub fn interrupt_all(&self) -> usize {
@@ -335,18 +266,4 @@ impl App {
             .filter(|s| s.cut_in_flight(&self.policy, Cause::Shutdown))
             .count()
     }
-
-    /// The last steps of a shutdown: end sessions that would be lost, then
-    /// make storage durable and give the webhook a last chance.
-    pub async fn wind_down(&self) {
-        crate::memory::lifecycle::end_all(self).await;
-        if let Err(e) = self.policy.storage.flush().await {
-            tracing::error!(error = %e, "storage flush at shutdown failed");
-        }
-        self.notifier.drain(WEBHOOK_DRAIN).await;
-        tracing::info!("shut down cleanly");
-    }
 }
-
-/// How long a shutdown waits for webhook deliveries still under way.
-const WEBHOOK_DRAIN: Duration = Duration::from_secs(10);

@@ -1,5 +1,6 @@
-//! The server: the `App` and its routes, the serving threads and their
-//! listener.
+//! The server: the `App` (app.rs), its routes and its life (serve.rs), the
+//! serving threads and their listener (threads.rs).
 
 pub mod app;
+pub mod serve;
 pub mod threads;

@@ -14,11 +14,15 @@ use std::fmt;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
-use super::request::ChatRequest;
 use crate::memory::message::{check_messages, Message};
 
-/// The request, or `None` where the general reading must decide.
-pub(crate) fn read(bytes: &[u8], max_messages: usize) -> Option<ChatRequest> {
+/// The request's body without its `messages` (`[]` in their place) and
+/// the messages, checked: a `ChatRequest`'s parts. `None` where the
+/// general reading must decide.
+pub(crate) fn read(
+    bytes: &[u8],
+    max_messages: usize,
+) -> Option<(Map<String, Value>, Vec<Message>)> {
     let Body { body, messages } = serde_json::from_slice(bytes).ok()?;
     let messages = messages?;
     if messages.is_empty() || messages.len() > max_messages {
@@ -37,7 +41,7 @@ pub(crate) fn read(bytes: &[u8], max_messages: usize) -> Option<ChatRequest> {
         return None;
     }
     let messages = check_messages(messages).ok()?;
-    Some(ChatRequest { body, messages })
+    Some((body, messages))
 }
 
 const RAW_VALUE_KEY: &str = "$serde_json::private::RawValue";
@@ -84,7 +88,7 @@ impl<'de> Visitor<'de> for BodyVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::chat::request::{parse_body, parse_request, request_of};
+    use crate::api::chat::request::{parse_body, parse_request, request_of, ChatRequest};
 
     fn general(body: &str) -> Result<ChatRequest, String> {
         parse_body(body.as_bytes())
@@ -114,7 +118,11 @@ mod tests {
             r#"{"messages": [{"role": "user", "content": "first"}],
                 "messages": [{"role": "user", "content": "last"}]}"#,
         ] {
-            let one_pass = read(body.as_bytes(), 8).expect("read in one pass");
+            let (body_read, messages) = read(body.as_bytes(), 8).expect("read in one pass");
+            let one_pass = ChatRequest {
+                body: body_read,
+                messages,
+            };
             // A client's forged response mark is gone, as `check_messages` makes it.
             assert!(one_pass
                 .messages

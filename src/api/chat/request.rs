@@ -81,8 +81,8 @@ pub struct ChatRequest {
 /// (128 levels) refuses deeper nesting as an error, so no input can
 /// overflow the stack here.
 pub fn parse_request(bytes: &[u8], max_messages: usize) -> Result<ChatRequest, ApiError> {
-    if let Some(request) = super::one_pass::read(bytes, max_messages) {
-        return Ok(request);
+    if let Some((body, messages)) = super::one_pass::read(bytes, max_messages) {
+        return Ok(ChatRequest { body, messages });
     }
     request_of(parse_body(bytes)?, max_messages)
 }
