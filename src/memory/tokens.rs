@@ -18,10 +18,9 @@
 //! depend on how much history is sent.
 //!
 //! Counting a message is done once: the count is cached in the message
-//! (`Cache`), so that a window over a long history costs a load per
-//! message, not a tokenisation.
+//! (`message::Counted`, by the encoding's `id`), so that a window over a
+//! long history costs a load per message, not a tokenisation.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use serde_json::Value;
@@ -139,7 +138,8 @@ impl Encoding {
     }
 
     /// The slot of this encoding in a message's cache (0 is "empty").
-    fn id(self) -> u32 {
+    /// The encoding's id in a message's `Counted` (0 there is none).
+    pub(crate) fn id(self) -> u32 {
         match self {
             Encoding::Approx => 1,
             Encoding::Cl100k => 2,
@@ -198,6 +198,18 @@ fn cut_point(text: &str, max: usize) -> usize {
         .unwrap_or_else(anywhere)
 }
 
+impl Message {
+    /// Tokens this message costs in a window (see the module's comment),
+    /// counted once per encoding it is asked for in a row.
+    pub fn tokens(&self, enc: Encoding) -> usize {
+        self.counted().get(enc.id()).unwrap_or_else(|| {
+            let n = count_message(self, enc);
+            self.counted().set(enc.id(), n);
+            n
+        })
+    }
+}
+
 /// A message's tokens, by the rules in the module's comment.
 pub fn count_message(m: &Message, enc: Encoding) -> usize {
     let mut n = PER_MESSAGE + enc.count(m.role.as_str()) + content_tokens(&m.content, enc);
@@ -227,55 +239,6 @@ fn content_tokens(content: &Value, enc: Encoding) -> usize {
             })
             .sum(),
         other => enc.count(&other.to_string()),
-    }
-}
-
-/// A message's token count for the encoding it was last counted with, in
-/// one 32-bit word so that the stored message stays small: the top two
-/// bits are the encoding's id (0 = nothing cached), the rest the count,
-/// which saturates (no message comes near a billion tokens).
-///
-/// A clone starts empty: messages are cloned to be changed. Whoever changes
-/// a stored message's content must `clear` it (`Message::edit` does).
-#[derive(Default)]
-pub(crate) struct Cache(AtomicU32);
-
-const COUNT_BITS: u32 = 30;
-const COUNT_MAX: u32 = (1 << COUNT_BITS) - 1;
-
-impl Cache {
-    pub(crate) fn get(&self, enc: Encoding) -> Option<usize> {
-        let word = self.0.load(Ordering::Relaxed);
-        (word >> COUNT_BITS == enc.id()).then_some((word & COUNT_MAX) as usize)
-    }
-
-    pub(crate) fn set(&self, enc: Encoding, count: usize) {
-        let count = u32::try_from(count).unwrap_or(COUNT_MAX).min(COUNT_MAX);
-        self.0
-            .store(enc.id() << COUNT_BITS | count, Ordering::Relaxed);
-    }
-
-    pub(crate) fn clear(&mut self) {
-        *self.0.get_mut() = 0;
-    }
-}
-
-impl Clone for Cache {
-    fn clone(&self) -> Self {
-        Cache::default()
-    }
-}
-
-/// The cache is not part of what a message says.
-impl PartialEq for Cache {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl std::fmt::Debug for Cache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("..")
     }
 }
 
@@ -423,21 +386,5 @@ mod tests {
         let spaces = " ".repeat(1 << 20);
         let n = Encoding::O200k.count(&spaces);
         assert!(n > 0 && n < spaces.len(), "{n}");
-    }
-
-    #[test]
-    fn the_cache_keeps_one_count_for_one_encoding() {
-        let c = Cache::default();
-        assert_eq!(c.get(Encoding::O200k), None);
-        c.set(Encoding::O200k, 42);
-        assert_eq!(c.get(Encoding::O200k), Some(42));
-        assert_eq!(c.get(Encoding::Cl100k), None);
-        assert_eq!(c.get(Encoding::Approx), None);
-        assert_eq!(c.clone().get(Encoding::O200k), None);
-        c.set(Encoding::Approx, 0);
-        assert_eq!(c.get(Encoding::Approx), Some(0));
-        assert_eq!(c.get(Encoding::O200k), None);
-        c.set(Encoding::Cl100k, usize::MAX);
-        assert_eq!(c.get(Encoding::Cl100k), Some(COUNT_MAX as usize));
     }
 }

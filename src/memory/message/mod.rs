@@ -16,13 +16,13 @@ use std::sync::Arc;
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::memory::tokens::{self, Encoding};
-
+mod counted;
 mod mark;
 mod metadata;
 mod parse;
 mod wire;
 
+pub(crate) use counted::Counted;
 pub use mark::{ResponseMark, KEY as MARK_KEY};
 pub use metadata::Metadata;
 pub use parse::{check_messages, parse_messages, MessageError};
@@ -111,7 +111,7 @@ pub struct Message {
     rare: Option<Box<Rare>>,
     /// Sits in what would be padding after `role`: the layout test below
     /// holds the size.
-    tokens: tokens::Cache,
+    tokens: Counted,
 }
 
 /// The fields few messages carry.
@@ -167,7 +167,7 @@ impl Message {
             timestamp: None,
             metadata: None,
             rare: None,
-            tokens: tokens::Cache::default(),
+            tokens: Counted::default(),
         }
     }
 
@@ -180,14 +180,9 @@ impl Message {
         m
     }
 
-    /// Tokens this message costs in a window (see `tokens`), counted once
-    /// per encoding it is asked for in a row.
-    pub fn tokens(&self, enc: Encoding) -> usize {
-        self.tokens.get(enc).unwrap_or_else(|| {
-            let n = tokens::count_message(self, enc);
-            self.tokens.set(enc, n);
-            n
-        })
+    /// Its token count as last counted (`Message::tokens`, in `tokens`).
+    pub(crate) fn counted(&self) -> &Counted {
+        &self.tokens
     }
 
     /// Writes the fields OpenAI's API accepts, in its order.
@@ -428,11 +423,11 @@ mod token_cache {
     fn a_count_is_cached_and_forgotten_when_the_message_changes() {
         let mut m = Arc::new(Message::new(Role::User, "hello world"));
         assert_eq!(m.tokens(O200k), 6);
-        assert_eq!(m.tokens.get(O200k), Some(6));
+        assert_eq!(m.tokens.get(O200k.id()), Some(6));
         // Shared (a window holds it): the copy that is changed starts over.
         let window = Arc::clone(&m);
         Message::edit(&mut m).content = "hello world hello world".into();
-        assert_eq!(m.tokens.get(O200k), None);
+        assert_eq!(m.tokens.get(O200k.id()), None);
         assert_eq!(m.tokens(O200k), 8);
         assert_eq!(window.tokens(O200k), 6);
         // Not shared: changed in place, forgotten all the same.
@@ -441,7 +436,7 @@ mod token_cache {
         assert_eq!(m.tokens(O200k), 5);
         // Another encoding replaces the count.
         assert_eq!(m.tokens(Cl100k), 5);
-        assert_eq!(m.tokens.get(O200k), None);
+        assert_eq!(m.tokens.get(O200k.id()), None);
     }
 
     #[test]

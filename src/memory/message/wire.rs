@@ -13,7 +13,6 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
 use super::{Message, Metadata, Rare, Role};
-use crate::memory::tokens;
 
 impl<'de> Deserialize<'de> for Message {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -72,7 +71,7 @@ impl<'de> Visitor<'de> for MessageVisitor {
             timestamp: timestamp.flatten(),
             metadata: metadata.flatten(),
             rare: (!rare.is_empty()).then(|| Box::new(rare)),
-            tokens: tokens::Cache::default(),
+            tokens: super::Counted::default(),
         })
     }
 }
