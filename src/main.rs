@@ -7,8 +7,8 @@ use tracing_subscriber::EnvFilter;
 // Many small, short-lived allocations per request (JSON, headers, chunks)
 // and long-lived message text side by side: mimalloc keeps both cheaper
 // and less fragmented than the system allocator. Its `no_thp` feature
-// (Cargo.toml) keeps its arena out of 2 MiB pages a session store fills
-// only in part.
+// (Cargo.toml) and `no_huge_pages` keep its arena out of 2 MiB pages a
+// session store fills only in part.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -120,7 +120,22 @@ async fn shutdown_signal() {
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }
 
+/// Transparent huge pages off for this process, unless
+/// `MIMALLOC_ALLOW_THP` is set (then mimalloc and the host decide).
+/// mimalloc's `no_thp` only stops it asking for them, which is enough on
+/// hosts in `madvise` mode, not on those in `always` mode; this is what
+/// `MIMALLOC_ALLOW_THP=0` does, as the default (BENCHMARKS.md item 45).
+fn no_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: prctl with integer arguments only; it reads and writes
+        // no memory of ours. A kernel without it changes nothing.
+        let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    }
+}
+
 fn main() -> ExitCode {
+    no_huge_pages();
     let (path, check) = match command() {
         Ok(Command::Version) => {
             println!("recall {}", env!("CARGO_PKG_VERSION"));

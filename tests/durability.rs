@@ -169,10 +169,20 @@ impl Process {
         Self::start_limited(config, None)
     }
 
+    /// With `var` set in its environment, `MIMALLOC_ALLOW_THP` unset
+    /// otherwise.
+    fn start_with(config: &str, var: Option<(&str, &str)>) -> Self {
+        Self::spawn(config, None, var)
+    }
+
     /// With `max_file_bytes`, no file the process writes may grow past it
     /// (`RLIMIT_FSIZE`; SIGXFSZ ignored, so a write past it fails with
     /// EFBIG as on a full disk).
     fn start_limited(config: &str, max_file_bytes: Option<u64>) -> Self {
+        Self::spawn(config, max_file_bytes, None)
+    }
+
+    fn spawn(config: &str, max_file_bytes: Option<u64>, var: Option<(&str, &str)>) -> Self {
         use std::os::unix::process::CommandExt;
         let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("recall-proc-{}", std::process::id()));
@@ -185,8 +195,12 @@ impl Process {
             .arg(&path)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .env_remove("MIMALLOC_ALLOW_THP")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some((name, value)) = var {
+            command.env(name, value);
+        }
         if let Some(max) = max_file_bytes {
             // SAFETY: between fork and exec only async-signal-safe calls
             // are made: setrlimit and signal.
@@ -246,6 +260,36 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The process runs without transparent huge pages unless
+/// `MIMALLOC_ALLOW_THP` says otherwise (BENCHMARKS.md item 45), whatever
+/// the host's mode. The kernel shows it as `THP_enabled` (Linux 6.x): 0
+/// by default, and with the variable set, what this test's own process
+/// has (0 on a kernel without huge pages).
+#[tokio::test]
+async fn the_process_runs_without_transparent_huge_pages() {
+    if !runs_here() {
+        return;
+    }
+    let thp_enabled = |pid: &str| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("THP_enabled:"))
+            .map(|v| v.trim().to_owned())
+    };
+    let Some(here) = thp_enabled("self") else {
+        eprintln!("SKIPPED: this kernel does not show THP_enabled");
+        return;
+    };
+    let upstream = MockUpstream::start().await;
+    let config = process_config(&temp_db("thp"), &upstream, "");
+    for (env, want) in [(None, "0"), (Some("1"), here.as_str())] {
+        let recall = Process::start_with(&config, env.map(|v| ("MIMALLOC_ALLOW_THP", v)));
+        let got = thp_enabled(&recall.child.id().to_string());
+        assert_eq!(got.as_deref(), Some(want), "MIMALLOC_ALLOW_THP={env:?}");
     }
 }
 

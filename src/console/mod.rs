@@ -13,7 +13,7 @@
 //! `live::next`, `series` and `plot` are pure; the rest is HTTP.
 
 pub mod auth;
-pub mod ctx;
+pub(crate) mod ctx;
 pub mod gate;
 mod live;
 mod page;

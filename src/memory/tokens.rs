@@ -137,9 +137,8 @@ impl Encoding {
             .sum()
     }
 
-    /// The slot of this encoding in a message's cache (0 is "empty").
     /// The encoding's id in a message's `Counted` (0 there is none).
-    pub(crate) fn id(self) -> u32 {
+    pub(in crate::memory) fn id(self) -> u32 {
         match self {
             Encoding::Approx => 1,
             Encoding::Cl100k => 2,

@@ -12,8 +12,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use wildmatch::WildMatch;
 
-use crate::config::MockKind;
-use crate::config::UpstreamConfig;
+use crate::config::{MockKind, UpstreamConfig};
 use crate::error::UpstreamError;
 use crate::proxy::client::{self, BodyStream, Client, Response, Settings};
 use crate::proxy::gate::{Gate, Slot};

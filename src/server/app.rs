@@ -256,14 +256,3 @@ impl App {
         }
     }
 }
-
-impl App {
-    /// Cuts off every reply in flight, recording each as interrupted.
-    pub fn interrupt_all(&self) -> usize {
-        self.sessions
-            .all()
-            .iter()
-            .filter(|s| s.cut_in_flight(&self.policy, Cause::Shutdown))
-            .count()
-    }
-}

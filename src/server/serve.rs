@@ -10,6 +10,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Cause;
 use crate::server::app::App;
 use crate::server::threads::Pool;
 
@@ -82,6 +83,15 @@ pub async fn serve(
 }
 
 impl App {
+    /// Cuts off every reply in flight, recording each as interrupted.
+    pub fn interrupt_all(&self) -> usize {
+        self.sessions
+            .all()
+            .iter()
+            .filter(|s| s.cut_in_flight(&self.policy, Cause::Shutdown))
+            .count()
+    }
+
     /// The last steps of a shutdown: end sessions that would be lost, then
     /// make storage durable and give the webhook a last chance.
     pub async fn wind_down(&self) {

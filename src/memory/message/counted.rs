@@ -11,23 +11,23 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// A clone starts empty: messages are cloned to be changed. Whoever changes
 /// a stored message's content must `clear` it (`Message::edit` does).
 #[derive(Default)]
-pub(crate) struct Counted(AtomicU32);
+pub(in crate::memory) struct Counted(AtomicU32);
 
 const COUNT_BITS: u32 = 30;
 const COUNT_MAX: u32 = (1 << COUNT_BITS) - 1;
 
 impl Counted {
-    pub(crate) fn get(&self, id: u32) -> Option<usize> {
+    pub(in crate::memory) fn get(&self, id: u32) -> Option<usize> {
         let word = self.0.load(Ordering::Relaxed);
         (word >> COUNT_BITS == id).then_some((word & COUNT_MAX) as usize)
     }
 
-    pub(crate) fn set(&self, id: u32, count: usize) {
+    pub(in crate::memory) fn set(&self, id: u32, count: usize) {
         let count = u32::try_from(count).unwrap_or(COUNT_MAX).min(COUNT_MAX);
         self.0.store(id << COUNT_BITS | count, Ordering::Relaxed);
     }
 
-    pub(crate) fn clear(&mut self) {
+    pub(in crate::memory) fn clear(&mut self) {
         *self.0.get_mut() = 0;
     }
 }

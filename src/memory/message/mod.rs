@@ -22,7 +22,7 @@ mod metadata;
 mod parse;
 mod wire;
 
-pub(crate) use counted::Counted;
+pub(in crate::memory) use counted::Counted;
 pub use mark::{ResponseMark, KEY as MARK_KEY};
 pub use metadata::Metadata;
 pub use parse::{check_messages, parse_messages, MessageError};
@@ -181,7 +181,7 @@ impl Message {
     }
 
     /// Its token count as last counted (`Message::tokens`, in `tokens`).
-    pub(crate) fn counted(&self) -> &Counted {
+    pub(in crate::memory) fn counted(&self) -> &Counted {
         &self.tokens
     }
 
