@@ -111,7 +111,7 @@ pub struct Message {
     rare: Option<Box<Rare>>,
     /// Sits in what would be padding after `role`: the layout test below
     /// holds the size.
-    tokens: Counted,
+    counted: Counted,
 }
 
 /// The fields few messages carry.
@@ -167,7 +167,7 @@ impl Message {
             timestamp: None,
             metadata: None,
             rare: None,
-            tokens: Counted::default(),
+            counted: Counted::default(),
         }
     }
 
@@ -176,13 +176,13 @@ impl Message {
     /// Every change to a stored message goes through here.
     pub fn edit(this: &mut Arc<Message>) -> &mut Message {
         let m = Arc::make_mut(this);
-        m.tokens.clear();
+        m.counted.clear();
         m
     }
 
     /// Its token count as last counted (`Message::tokens`, in `tokens`).
     pub(in crate::memory) fn counted(&self) -> &Counted {
-        &self.tokens
+        &self.counted
     }
 
     /// Writes the fields OpenAI's API accepts, in its order.
@@ -219,7 +219,7 @@ impl Message {
     /// The fields behind this are counted as tokens: a change to one
     /// forgets the count.
     fn rare_mut(&mut self) -> &mut Rare {
-        self.tokens.clear();
+        self.counted.clear();
         self.rare.get_or_insert_with(Box::default)
     }
 
@@ -423,11 +423,11 @@ mod token_cache {
     fn a_count_is_cached_and_forgotten_when_the_message_changes() {
         let mut m = Arc::new(Message::new(Role::User, "hello world"));
         assert_eq!(m.tokens(O200k), 6);
-        assert_eq!(m.tokens.get(O200k.id()), Some(6));
+        assert_eq!(m.counted.get(O200k.id()), Some(6));
         // Shared (a window holds it): the copy that is changed starts over.
         let window = Arc::clone(&m);
         Message::edit(&mut m).content = "hello world hello world".into();
-        assert_eq!(m.tokens.get(O200k.id()), None);
+        assert_eq!(m.counted.get(O200k.id()), None);
         assert_eq!(m.tokens(O200k), 8);
         assert_eq!(window.tokens(O200k), 6);
         // Not shared: changed in place, forgotten all the same.
@@ -436,7 +436,7 @@ mod token_cache {
         assert_eq!(m.tokens(O200k), 5);
         // Another encoding replaces the count.
         assert_eq!(m.tokens(Cl100k), 5);
-        assert_eq!(m.tokens.get(O200k.id()), None);
+        assert_eq!(m.counted.get(O200k.id()), None);
     }
 
     #[test]

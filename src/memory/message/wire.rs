@@ -71,7 +71,7 @@ impl<'de> Visitor<'de> for MessageVisitor {
             timestamp: timestamp.flatten(),
             metadata: metadata.flatten(),
             rare: (!rare.is_empty()).then(|| Box::new(rare)),
-            tokens: super::Counted::default(),
+            counted: super::Counted::default(),
         })
     }
 }
