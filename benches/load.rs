@@ -303,6 +303,16 @@ fn bench_threads() -> usize {
         .unwrap_or(0)
 }
 
+/// A number from the environment, or `default`: the model-call rates of
+/// the long-session and long-term scenarios, to measure what a call costs
+/// (RECALL_BENCH_SUMMARY_EVERY, RECALL_BENCH_EXTRACT_EVERY).
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 async fn start_recall(mock: SocketAddr, backend: &str, max_messages: usize) -> Target {
     start_recall_with(mock, backend, max_messages, bench_threads()).await
 }
@@ -1798,11 +1808,13 @@ fn streaming_against_hop(
 /// 10 sessions of 500 turns each (100 with `--quick`), each turn sending
 /// only its new message, turns of a session in sequence: the plain window
 /// of 20, the same with a running summary folded every 10 messages (by the
-/// mock, instantly), and the full history (no window). Per-turn latency,
+/// mock, instantly; RECALL_BENCH_SUMMARY_EVERY sets another), and the full
+/// history (no window). Per-turn latency,
 /// and what the upstream was sent per turn.
 async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
     let turns = if quick { 100 } else { 500 };
     let sessions = 10;
+    let every = env_number("RECALL_BENCH_SUMMARY_EVERY", 10);
     let window = "[history]\nwindow_messages = 20\nmax_messages = 20000\n";
     let paths = [
         ("plain window of 20", window.to_owned()),
@@ -1810,7 +1822,7 @@ async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
             "window of 20 + running summary",
             format!(
                 "{window}[memory]\nsummarize = true\nsummary_model = \"{SUMMARY_MODEL}\"\n\
-                 summary_every_messages = 10\n"
+                 summary_every_messages = {every}\n"
             ),
         ),
         (
@@ -1820,7 +1832,8 @@ async fn long_sessions(mock: SocketAddr, quick: bool, repeat: usize) {
     ];
     println!();
     println!(
-        "| long session ({sessions} sessions × {turns} turns, memory) | p50 ms | p99 ms | \
+        "| long session ({sessions} sessions × {turns} turns, memory, a fold every {every} \
+         messages) | p50 ms | p99 ms | \
          upstream bytes per turn | ≈ tokens per turn (bytes / 4) | summary calls | \
          recall's CPU µs per turn |"
     );
@@ -1964,7 +1977,8 @@ fn json_reply(v: &Value) -> Response {
 fn long_term_on(extra: &str) -> String {
     format!(
         "[long_term]\nenabled = true\nextract_model = \"bench-extractor\"\n\
-         embedding_model = \"bench-embedder\"\nextract_every_turns = 3\n{extra}"
+         embedding_model = \"bench-embedder\"\nextract_every_turns = {}\n{extra}",
+        env_number("RECALL_BENCH_EXTRACT_EVERY", 3)
     )
 }
 
@@ -2150,9 +2164,11 @@ async fn long_term_turns(mock: SocketAddr, quick: bool, repeat: usize) {
     }
     println!();
     println!(
-        "| long-term turns ({sessions} sessions × {turns} turns, a user each) | turns/s | \
+        "| long-term turns ({sessions} sessions × {turns} turns, a user each, extraction \
+         every {} turns) | turns/s | \
          errors | p50 ms | p99 ms | first turns p50 ms | embeddings calls | extraction calls | \
-         recall's CPU µs per turn |"
+         recall's CPU µs per turn |",
+        env_number("RECALL_BENCH_EXTRACT_EVERY", 3)
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut off = (0.0, 0.0, 0.0, 0.0);
