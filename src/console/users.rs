@@ -32,7 +32,7 @@ pub async fn page(
         Ok(r) => r,
         Err(e) => return page::error(&ctx, e),
     };
-    let mut records: Vec<&Record> = held.records.iter().collect();
+    let mut records: Vec<&Record> = held.records.iter().map(|r| &**r).collect();
     records.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(b.id.cmp(&a.id)));
     let href = user_href(&user.name);
     let note = note.filter(|n| !n.forgotten);

@@ -261,18 +261,18 @@ impl LongTerm {
         // Nothing to rank (a new user's every turn, until a first
         // extraction): the embedding call would be paid for nothing.
         let in_scope = |r: &Record| namespace.is_none_or(|ns| r.namespace == ns);
-        if !held.records.iter().any(in_scope) {
+        if !held.records.iter().any(|r| in_scope(r)) {
             return Ok(Vec::new());
         }
         let mut vectors = self.embed(Job::Recall, vec![query.to_owned()]).await?;
         let vector = vectors.pop().unwrap_or_default();
         let ranked = match namespace {
             Some(_) => {
-                let within: Vec<Record> = held
+                let within: Vec<&Record> = held
                     .records
                     .iter()
+                    .map(|r| &**r)
                     .filter(|r| in_scope(r))
-                    .cloned()
                     .collect();
                 owned(lt::rank(&within, &vector, limit, threshold))
             }

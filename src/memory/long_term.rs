@@ -32,6 +32,15 @@ pub struct Record {
     pub embedding: Embedding,
 }
 
+/// The pure functions below read a user's records as they are held
+/// (`Arc<Record>`, so that a change copies pointers rather than every
+/// record's strings) or as plain `Record`s.
+impl AsRef<Record> for Record {
+    fn as_ref(&self) -> &Record {
+        self
+    }
+}
+
 /// A record's vector, with its norm summed once when it is made: every
 /// search and every merge scores each of the user's records, and the
 /// record's own norm was half of that arithmetic. Shared: a change of a
@@ -203,21 +212,29 @@ impl<'a> Probe<'a> {
 /// `a · b`, for vectors of one length.
 fn dot(a: &[f32], b: &[f32]) -> f64 {
     // Every search and every merge scores each of the user's records:
-    // independent lanes let the sums run side by side (and in SIMD), where
-    // one running sum waited on itself at every element.
-    const LANES: usize = 8;
+    // independent lanes let the sums run side by side, and chunks of a
+    // length the compiler knows let it load and multiply them as whole
+    // SIMD registers (slices of a length known only at run time were
+    // shuffled in element by element: BENCHMARKS.md, item 47).
+    const LANES: usize = 16;
+    let (a16, b16) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a16
+        .remainder()
+        .iter()
+        .zip(b16.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     let mut lanes = [0f32; LANES];
-    let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail = a8.remainder().iter().zip(b8.remainder());
-    for (x, y) in a8.zip(b8) {
+    for (x, y) in a16.zip(b16) {
+        // Always whole: `chunks_exact` (`as_chunks` is newer than our MSRV).
+        let (Ok(x), Ok(y)) = (<&[f32; LANES]>::try_from(x), <&[f32; LANES]>::try_from(y)) else {
+            continue;
+        };
         for k in 0..LANES {
             lanes[k] += x[k] * y[k];
         }
     }
-    for (k, (x, y)) in tail.enumerate() {
-        lanes[k] += x * y;
-    }
-    lanes.iter().map(|&x| f64::from(x)).sum()
+    lanes.iter().map(|&x| f64::from(x)).sum::<f64>() + f64::from(tail)
 }
 
 /// What storing a new fact does: update the closest record of its
@@ -228,10 +245,16 @@ pub enum Merge {
     Add,
 }
 
-pub fn merge(known: &[Record], namespace: &str, embedding: &[f32], threshold: f32) -> Merge {
+pub fn merge<R: AsRef<Record>>(
+    known: &[R],
+    namespace: &str,
+    embedding: &[f32],
+    threshold: f32,
+) -> Merge {
     let probe = Probe::new(embedding);
     known
         .iter()
+        .map(AsRef::as_ref)
         .enumerate()
         .filter(|(_, r)| r.namespace == namespace)
         .map(|(i, r)| (i, probe.cosine(&r.embedding)))
@@ -242,8 +265,8 @@ pub fn merge(known: &[Record], namespace: &str, embedding: &[f32], threshold: f3
 
 /// The records most like `query`, best first: at most `limit`, each
 /// scoring at least `threshold`; ties go to the newer record.
-pub fn rank<'a>(
-    records: &'a [Record],
+pub fn rank<'a, R: AsRef<Record>>(
+    records: &'a [R],
     query: &[f32],
     limit: usize,
     threshold: f32,
@@ -251,6 +274,7 @@ pub fn rank<'a>(
     let probe = Probe::new(query);
     let mut scored: Vec<(&Record, f32)> = records
         .iter()
+        .map(AsRef::as_ref)
         .map(|r| (r, probe.cosine(&r.embedding)))
         .filter(|&(_, s)| s >= threshold)
         .collect();
@@ -264,9 +288,10 @@ pub fn rank<'a>(
 
 /// Which records a user over `max` gives up: the least recently used
 /// (recalled or updated), oldest first.
-pub fn evict(records: &[Record], max: usize) -> Vec<usize> {
+pub fn evict<R: AsRef<Record>>(records: &[R], max: usize) -> Vec<usize> {
     let keys: Vec<(i64, i64)> = records
         .iter()
+        .map(AsRef::as_ref)
         .map(|r| (r.recalled_at.max(r.updated_at), r.created_at))
         .collect();
     least_used(&keys, max)
@@ -315,8 +340,8 @@ pub struct Origin<'a> {
 /// before it in the same answer), then gives up the least recently used
 /// records past `max`. Only what changes is copied: a user may hold
 /// thousands of records.
-pub fn plan(
-    known: &[Record],
+pub fn plan<R: AsRef<Record>>(
+    known: &[R],
     facts: Vec<NewFact>,
     origin: &Origin<'_>,
     threshold: f32,
@@ -325,25 +350,40 @@ pub fn plan(
 ) -> Plan {
     let mut updated: HashMap<usize, Record> = HashMap::new();
     let mut added: Vec<Record> = Vec::new();
-    for f in facts {
-        let embedding = Embedding::from(f.embedding);
+    let facts: Vec<(NewFact, Embedding)> = facts
+        .into_iter()
+        .map(|mut f| {
+            let embedding = Embedding::from(std::mem::take(&mut f.embedding));
+            (f, embedding)
+        })
+        .collect();
+    let scores = known_scores(known, &facts);
+    for (k, (f, embedding)) in facts.into_iter().enumerate() {
         let probe = Probe::of(&embedding);
         let closest = {
-            let known = known
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (Slot::Known(i), updated.get(&i).unwrap_or(r)));
-            let added = added.iter().enumerate().map(|(j, r)| (Slot::Added(j), r));
+            // A record an earlier fact updated is scored as it is now.
+            let known = scores[k].iter().enumerate().map(|(i, &score)| {
+                let score = match updated.get(&i) {
+                    Some(r) => (r.namespace == f.namespace).then(|| probe.cosine(&r.embedding)),
+                    None => score,
+                };
+                (Slot::Known(i), score)
+            });
+            let added = added.iter().enumerate().map(|(j, r)| {
+                let score = (r.namespace == f.namespace).then(|| probe.cosine(&r.embedding));
+                (Slot::Added(j), score)
+            });
             known
                 .chain(added)
-                .filter(|(_, r)| r.namespace == f.namespace)
-                .map(|(slot, r)| (slot, probe.cosine(&r.embedding)))
+                .filter_map(|(slot, score)| Some((slot, score?)))
                 .filter(|&(_, score)| score >= threshold)
                 .max_by(|a, b| a.1.total_cmp(&b.1))
                 .map(|(slot, _)| slot)
         };
         let target = match closest {
-            Some(Slot::Known(i)) => updated.entry(i).or_insert_with(|| known[i].clone()),
+            Some(Slot::Known(i)) => updated
+                .entry(i)
+                .or_insert_with(|| known[i].as_ref().clone()),
             Some(Slot::Added(j)) => &mut added[j],
             None => {
                 added.push(Record {
@@ -370,13 +410,13 @@ pub fn plan(
     let keys: Vec<(i64, i64)> = known
         .iter()
         .enumerate()
-        .map(|(i, r)| used(updated.get(&i).unwrap_or(r)))
+        .map(|(i, r)| used(updated.get(&i).unwrap_or(r.as_ref())))
         .chain(added.iter().map(used))
         .collect();
     let gone: HashSet<usize> = least_used(&keys, max).into_iter().collect();
     let mut plan = Plan::default();
     for i in (0..known.len()).filter(|i| gone.contains(i)) {
-        plan.remove.push(known[i].id.clone());
+        plan.remove.push(known[i].as_ref().id.clone());
         plan.evicted += 1;
     }
     let mut kept_updates: Vec<(usize, Record)> = updated
@@ -393,6 +433,27 @@ pub fn plan(
         }
     }
     plan
+}
+
+/// Each fact's score against each known record of its namespace (`None`
+/// for another namespace's), in one pass over the records: a record's
+/// vector is read from memory once for all the facts, where scoring fact
+/// by fact read every record again for each (BENCHMARKS.md, item 47).
+fn known_scores<R: AsRef<Record>>(
+    known: &[R],
+    facts: &[(NewFact, Embedding)],
+) -> Vec<Vec<Option<f32>>> {
+    let mut scores: Vec<Vec<Option<f32>>> = (0..facts.len())
+        .map(|_| Vec::with_capacity(known.len()))
+        .collect();
+    for r in known.iter().map(AsRef::as_ref) {
+        for (row, (f, embedding)) in scores.iter_mut().zip(facts) {
+            let score =
+                (r.namespace == f.namespace).then(|| Probe::of(embedding).cosine(&r.embedding));
+            row.push(score);
+        }
+    }
+    scores
 }
 
 #[derive(Clone, Copy)]
@@ -458,8 +519,8 @@ pub fn recalled(ranked: &[(&Record, f32)]) -> Vec<Fact> {
 
 /// A new session's facts before any search: the user's `limit` most
 /// recently updated records.
-pub fn recent(records: &[Record], limit: usize) -> Vec<Fact> {
-    let mut order: Vec<&Record> = records.iter().collect();
+pub fn recent<R: AsRef<Record>>(records: &[R], limit: usize) -> Vec<Fact> {
+    let mut order: Vec<&Record> = records.iter().map(AsRef::as_ref).collect();
     order.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(a.id.cmp(&b.id)));
     let mut out: Vec<Fact> = Vec::with_capacity(limit);
     for r in order {

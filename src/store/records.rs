@@ -12,7 +12,7 @@
 //!
 //! Records are held in id order on every backend.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dashmap::mapref::entry::Entry;
@@ -253,18 +253,21 @@ fn make_room(cache: &Cache, user: &str) {
 
 /// `held` after a change, at the next version.
 fn applied(held: &Held, put: &[Record], remove: &[String]) -> Held {
-    let mut by_id: BTreeMap<&str, &Record> =
-        held.records.iter().map(|r| (r.id.as_str(), r)).collect();
+    let mut by_id: BTreeMap<&str, Arc<Record>> = held
+        .records
+        .iter()
+        .map(|r| (r.id.as_str(), Arc::clone(r)))
+        .collect();
     for id in remove {
         by_id.remove(id.as_str());
     }
     for r in put {
-        by_id.insert(&r.id, r);
+        by_id.insert(&r.id, Arc::new(r.clone()));
     }
     Held {
         version: held.version + 1,
         forgotten_at: held.forgotten_at,
-        records: by_id.into_values().cloned().collect(),
+        records: by_id.into_values().collect(),
     }
 }
 
@@ -296,16 +299,25 @@ fn newer(cache: &Cache, user: &str, held: Arc<Held>) {
 
 /// `recalled_at` set in the cached copy too, at the same version.
 fn touched(cache: &Cache, user: &str, ids: &[String], at_ms: i64) {
-    let ids: HashSet<&str> = ids.iter().map(String::as_str).collect();
     if let Some(mut held) = cache.get_mut(user) {
-        if !held.records.iter().any(|r| ids.contains(r.id.as_str())) {
+        // Records are held in id order: a search's few ids are found
+        // without reading every record (each one a pointer away).
+        let at: Vec<usize> = ids
+            .iter()
+            .filter_map(|id| {
+                held.records
+                    .binary_search_by(|r| r.id.as_str().cmp(id))
+                    .ok()
+            })
+            .collect();
+        if at.is_empty() {
             return;
         }
         let mut next = Held::clone(&held);
-        for r in &mut next.records {
-            if ids.contains(r.id.as_str()) {
-                r.recalled_at = at_ms;
-            }
+        for i in at {
+            let mut r = Record::clone(&next.records[i]);
+            r.recalled_at = at_ms;
+            next.records[i] = Arc::new(r);
         }
         *held = Arc::new(next);
     }

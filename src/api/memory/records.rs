@@ -157,6 +157,7 @@ pub async fn list_records(
     let mut all: Vec<&Record> = held
         .records
         .iter()
+        .map(|r| &**r)
         .filter(|r| q.namespace.as_ref().is_none_or(|ns| &r.namespace == ns))
         .collect();
     all.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(b.id.cmp(&a.id)));

@@ -176,6 +176,94 @@ fn a_plan_updates_close_facts_adds_others_and_evicts_the_least_used() {
     assert_eq!((plan.added, plan.updated, plan.evicted), (2, 1, 1));
 }
 
+/// `plan`'s merging as it was written before it scored the known records
+/// in one pass: each fact against every record, one fact after another.
+fn merged_fact_by_fact(known: &[Record], facts: Vec<NewFact>, threshold: f32) -> Vec<Record> {
+    let mut now: Vec<Record> = known.to_vec();
+    let mut new_id = ids();
+    for f in facts {
+        let embedding = Embedding::from(f.embedding);
+        let probe = Probe::of(&embedding);
+        let closest = now
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.namespace == f.namespace)
+            .map(|(i, r)| (i, probe.cosine(&r.embedding)))
+            .filter(|&(_, score)| score >= threshold)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i);
+        match closest {
+            Some(i) => {
+                now[i].text = f.text;
+                now[i].embedding = embedding;
+            }
+            None => now.push(Record {
+                text: f.text,
+                embedding,
+                ..record(&new_id(), &f.namespace, Vec::new(), 0)
+            }),
+        }
+    }
+    now
+}
+
+#[test]
+fn a_record_an_earlier_fact_updated_is_scored_as_it_now_is() {
+    let known = vec![record("a", "/u/ada", vec![1.0, 0.0, 0.0], 1)];
+    let origin = Origin {
+        user: "ada",
+        session: "s",
+        now_ms: 2,
+    };
+    let facts = vec![
+        // 0.93 to "a" as stored: updates it.
+        fact("first", "/u/ada", vec![1.0, 0.4, 0.0]),
+        // 0.78 to "a" as stored, 0.96 to "a" as the first fact left it.
+        fact("second", "/u/ada", vec![1.0, 0.8, 0.0]),
+    ];
+    let plan = plan(&known, facts, &origin, 0.92, 10, ids());
+    assert_eq!((plan.added, plan.updated), (0, 1));
+    assert_eq!(plan.put[0].text, "second");
+}
+
+proptest::proptest! {
+    /// Scoring the known records once for all the facts changes nothing:
+    /// the same records are updated (also one an earlier fact of the same
+    /// answer updated or added), with the same texts and vectors.
+    #[test]
+    fn a_plan_merges_as_fact_by_fact_scoring_would(
+        known in proptest::collection::vec((0u8..2, proptest::collection::vec(0u8..3, 3)), 0..10),
+        facts in proptest::collection::vec((0u8..2, proptest::collection::vec(0u8..3, 3)), 0..8),
+    ) {
+        let ns = |n: u8| if n == 0 { "/u/ada" } else { "/other" };
+        let v = |v: &[u8]| v.iter().map(|&x| f32::from(x)).collect::<Vec<f32>>();
+        let known: Vec<Record> = known
+            .iter()
+            .enumerate()
+            .map(|(i, (n, e))| record(&format!("k{i:02}"), ns(*n), v(e), 1))
+            .collect();
+        let facts: Vec<NewFact> = facts
+            .iter()
+            .enumerate()
+            .map(|(i, (n, e))| fact(&format!("fact {i}"), ns(*n), v(e)))
+            .collect();
+        let origin = Origin { user: "ada", session: "s", now_ms: 1 };
+        let plan = plan(&known, facts.clone(), &origin, 0.9, 100, ids());
+        let mut expected = merged_fact_by_fact(&known, facts, 0.9);
+        expected.retain(|r| r.id.starts_with("new") || !known.contains(r));
+        let got: Vec<(&str, &str, &[f32])> = plan
+            .put
+            .iter()
+            .map(|r| (r.id.as_str(), r.text.as_str(), &*r.embedding))
+            .collect();
+        let want: Vec<(&str, &str, &[f32])> = expected
+            .iter()
+            .map(|r| (r.id.as_str(), r.text.as_str(), &*r.embedding))
+            .collect();
+        proptest::prop_assert_eq!(got, want);
+    }
+}
+
 #[test]
 fn the_facts_a_turn_sends_have_no_repeats_and_a_new_session_gets_the_newest() {
     let a = record("a", "/x", vec![1.0, 0.0], 1);

@@ -2,18 +2,25 @@
 //! its embedding, and the embedding as little-endian `f32`s. Shared by
 //! the SQLite and Redis backends, and nothing else of `records`.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::memory::long_term::{self, Record};
 use crate::store::StorageError;
 
 /// One user's records as stored at `version`; `forgotten_at` is when they
-/// were last all forgotten (0 never).
+/// were last all forgotten (0 never). Records are in id order on every
+/// backend (`touched` finds them by binary search). Each is shared: a
+/// change copies the list of pointers and only the records it changes
+/// (copying every record's strings was 5% to 11% of the CPU of a process
+/// with long-term memory on, at a few hundred records a user:
+/// BENCHMARKS.md, item 47).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Held {
     pub version: u64,
     pub forgotten_at: i64,
-    pub records: Vec<Record>,
+    pub records: Vec<Arc<Record>>,
 }
 
 /// A record as stored beside its embedding: its JSON without the

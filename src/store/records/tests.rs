@@ -156,7 +156,7 @@ async fn records_come_back_as_put_with_their_embeddings_exact() {
             assert_eq!(held.records[0].text, "é \"q\"", "{}", b.name);
             assert!(held.records[0].embedding.is_empty(), "{}", b.name);
             assert_eq!(bits(&held.records[1].embedding), bits(&odd), "{}", b.name);
-            let mut fields = held.records[1].clone();
+            let mut fields = Record::clone(&held.records[1]);
             fields.embedding = Vec::new().into();
             assert_eq!(fields, rec("b", "likes tea", vec![]), "{}", b.name);
         }

@@ -5,7 +5,7 @@
 //! what it reads (the version).
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use redis::{Script, Value};
 
@@ -107,9 +107,9 @@ impl Redis {
                 let blob = blobs.remove(&id).ok_or_else(|| {
                     StorageError::Corrupt(format!("memory record {id} of {user}: no embedding"))
                 })?;
-                record(&body, &blob)
+                record(&body, &blob).map(Arc::new)
             })
-            .collect::<Result<Vec<Record>, _>>()?;
+            .collect::<Result<Vec<Arc<Record>>, _>>()?;
         records.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(Held {
             version: number(user, &version)?,

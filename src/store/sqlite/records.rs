@@ -10,6 +10,8 @@
 //! for a snapshot gone stale. The lock on this connection also orders the
 //! `Records` cache's updates with the writes they follow.
 
+use std::sync::Arc;
+
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::Sqlite;
@@ -47,7 +49,7 @@ pub(crate) fn load(conn: &Connection, user: &str) -> Result<Held, StorageError> 
         })?
         .map(|row| {
             let (body, blob) = row?;
-            record(&body, &blob)
+            record(&body, &blob).map(Arc::new)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Held {
