@@ -307,10 +307,15 @@ fn bench_threads() -> usize {
 /// the long-session and long-term scenarios, to measure what a call costs
 /// (RECALL_BENCH_SUMMARY_EVERY, RECALL_BENCH_EXTRACT_EVERY).
 fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    let Ok(v) = std::env::var(name) else {
+        return default;
+    };
+    // A typo would otherwise measure the default rate under the name of
+    // another, and 0 makes recall refuse its config mid-run.
+    match v.parse() {
+        Ok(n) if n > 0 => n,
+        _ => panic!("{name}={v:?}: must be a whole number of at least 1"),
+    }
 }
 
 async fn start_recall(mock: SocketAddr, backend: &str, max_messages: usize) -> Target {

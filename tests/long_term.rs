@@ -399,6 +399,55 @@ async fn a_failing_or_malformed_extraction_stores_nothing() {
     assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
 }
 
+/// A model told to remember a long list (or answering at length) does not
+/// set how much one extraction embeds and stores: its first
+/// `max_facts_per_answer` distinct facts are, the rest counted.
+#[tokio::test]
+async fn an_answer_longer_than_max_facts_per_answer_stores_its_first_facts() {
+    let h = harness("max_facts_per_answer = 5").await;
+    let many: Vec<String> = (0..60).map(|i| format!("likes w{i}x and v{i}y")).collect();
+    h.upstream
+        .extractions(LongTermMode::Text(serde_json::to_string(&many).unwrap()));
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    let done = extract(&h, "s1").await;
+    assert_eq!(done["added"], 5, "{done}");
+    assert_eq!(texts(&records(&h, None, "ana").await), texts_of(&many[..5]));
+    let embedded: Vec<usize> = h
+        .upstream
+        .received()
+        .iter()
+        .filter(|r| r.path.ends_with("/embeddings"))
+        .filter_map(|r| r.body["input"].as_array().map(Vec::len))
+        .collect();
+    assert_eq!(embedded, [5], "one call, for the kept facts only");
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("recall_long_term_facts_left_out_total 55"),
+        "{metrics}"
+    );
+    let upstream =
+        "[[upstreams]]\nname = \"m\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodels = [\"*\"]\n";
+    let text = |n: usize| {
+        format!(
+            "{upstream}{}",
+            config(&format!("max_facts_per_answer = {n}"))
+        )
+    };
+    let parse = |n| recall::Config::parse(&text(n), std::path::Path::new("t.toml"));
+    assert!(parse(1).is_ok(), "{:?}", parse(1).err());
+    let zero = parse(0).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        zero.contains("max_facts_per_answer"),
+        "0 is refused: {zero:?}"
+    );
+}
+
+fn texts_of(facts: &[String]) -> Vec<String> {
+    let mut t = facts.to_vec();
+    t.sort();
+    t
+}
+
 #[tokio::test]
 async fn search_limits_and_thresholds_are_validated() {
     let h = told_then_asked("").await;

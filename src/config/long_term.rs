@@ -108,6 +108,10 @@ pub struct LongTermConfig {
     pub inline_timeout_ms: u64,
     /// The least recently used records of a fuller user go first.
     pub max_records_per_user: usize,
+    /// An extraction answer's first this many facts are stored, per
+    /// strategy; the model's answer would otherwise set how many
+    /// embeddings an extraction asks for.
+    pub max_facts_per_answer: usize,
     /// Model calls of long-term jobs running at once, over all sessions.
     pub concurrency: usize,
     /// How long one model call may take.
@@ -132,6 +136,7 @@ impl Default for LongTermConfig {
             retrieve: Retrieve::Prefetch,
             inline_timeout_ms: 300,
             max_records_per_user: 1000,
+            max_facts_per_answer: 50,
             concurrency: 4,
             timeout_secs: 30,
             attempts: 3,
@@ -187,6 +192,7 @@ impl LongTermConfig {
         for (key, value) in [
             ("extract_every_turns", self.extract_every_turns),
             ("max_records_per_user", self.max_records_per_user),
+            ("max_facts_per_answer", self.max_facts_per_answer),
             ("concurrency", self.concurrency),
             ("timeout_secs", self.timeout_secs as usize),
             ("attempts", self.attempts as usize),

@@ -118,11 +118,21 @@ impl LongTerm {
                 .runner
                 .run(Job::Extract, || async {
                     let answer = self.chat.complete(prompt.clone()).await?;
-                    Ok(lt::facts(&answer)?)
+                    Ok(lt::facts(&answer, self.config.max_facts_per_answer)?)
                 })
                 .await;
             let facts = match facts {
-                Ok(f) => f,
+                Ok(f) if f.left_out > 0 => {
+                    tracing::warn!(
+                        strategy = %s.name,
+                        kept = f.kept.len(),
+                        left_out = f.left_out,
+                        "the extraction answer held more facts than long_term.max_facts_per_answer; the rest are not stored"
+                    );
+                    self.metrics().memory.facts_left_out(f.left_out);
+                    f.kept
+                }
+                Ok(f) => f.kept,
                 Err(e) => {
                     if matches!(e, ModelError::Malformed(_)) {
                         self.metrics()

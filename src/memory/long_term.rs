@@ -102,10 +102,21 @@ pub enum Malformed {
     NoText(usize),
 }
 
+/// An extraction answer's facts, the first `max` of them distinct.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Facts {
+    pub kept: Vec<String>,
+    /// Facts after the first `max`, not kept: the model's answer, not the
+    /// config, would otherwise set how many embeddings one extraction asks
+    /// for and how many scores merging them takes.
+    pub left_out: usize,
+}
+
 /// The facts of an extraction answer: a JSON list of `{"text": ...}`
 /// (or of strings), possibly inside a ```json fence or under `"facts"`.
-/// Anything else is malformed, and stores nothing.
-pub fn facts(answer: &str) -> Result<Vec<String>, Malformed> {
+/// Anything else is malformed, and stores nothing; every item is checked,
+/// also those past `max`.
+pub fn facts(answer: &str, max: usize) -> Result<Facts, Malformed> {
     let body = unfenced(answer.trim());
     let v: Value = serde_json::from_str(body).map_err(|e| Malformed::NotJson(e.to_string()))?;
     let list = match v {
@@ -116,7 +127,10 @@ pub fn facts(answer: &str) -> Result<Vec<String>, Malformed> {
         },
         _ => return Err(Malformed::NotAList),
     };
-    let mut out = Vec::with_capacity(list.len());
+    let mut out = Facts {
+        kept: Vec::with_capacity(list.len().min(max)),
+        left_out: 0,
+    };
     for (i, item) in list.into_iter().enumerate() {
         let text = match item {
             Value::String(s) => s,
@@ -130,8 +144,15 @@ pub fn facts(answer: &str) -> Result<Vec<String>, Malformed> {
         if text.is_empty() {
             return Err(Malformed::NoText(i));
         }
-        if !out.iter().any(|t: &String| t == text) {
-            out.push(text.to_owned());
+        // Against the kept facts only, so a long answer costs `max`
+        // comparisons an item, not one for every item before it.
+        if out.kept.iter().any(|t| t == text) {
+            continue;
+        }
+        if out.kept.len() < max {
+            out.kept.push(text.to_owned());
+        } else {
+            out.left_out += 1;
         }
     }
     Ok(out)

@@ -113,6 +113,7 @@ pub struct MemoryMetrics {
     long_term_jobs: Family<JobLabels, Counter>,
     long_term_seconds: Histogram,
     records: Family<ChangeLabels, Counter>,
+    facts_left_out: Counter,
 }
 
 impl MemoryMetrics {
@@ -165,6 +166,12 @@ impl MemoryMetrics {
             "Changes of users' long-term records by extraction (added, updated, evicted)",
             records.clone(),
         );
+        let facts_left_out = Counter::default();
+        registry.register(
+            "long_term_facts_left_out",
+            "Facts of extraction answers past long_term.max_facts_per_answer, not stored",
+            facts_left_out.clone(),
+        );
         for change in [
             RecordChange::Added,
             RecordChange::Updated,
@@ -200,6 +207,7 @@ impl MemoryMetrics {
             long_term_jobs,
             long_term_seconds,
             records,
+            facts_left_out,
         }
     }
 
@@ -264,6 +272,10 @@ impl MemoryMetrics {
                 change: change.label(),
             })
             .inc_by(n as u64);
+    }
+
+    pub fn facts_left_out(&self, n: usize) {
+        self.facts_left_out.inc_by(n as u64);
     }
 
     /// A turn's window: `lag` uncovered messages outside it, `saved` tokens,

@@ -15,25 +15,50 @@ fn record(id: &str, namespace: &str, embedding: Vec<f32>, updated_at: i64) -> Re
     }
 }
 
+fn kept(answer: &str) -> Result<Vec<String>, Malformed> {
+    facts(answer, 50).map(|f| f.kept)
+}
+
 #[test]
 fn an_extraction_answer_is_a_list_of_facts_or_nothing() {
-    let ok = facts(
+    let ok = kept(
         r#"[{"text": "Ada is allergic to peanuts"}, "Ada lives in Hanoi", {"text": "Ada lives in Hanoi"}]"#,
     );
     assert_eq!(
         ok.unwrap(),
         ["Ada is allergic to peanuts", "Ada lives in Hanoi"]
     );
-    let fenced = facts("```json\n{\"facts\": [{\"text\": \"likes tea\"}]}\n```");
+    let fenced = kept("```json\n{\"facts\": [{\"text\": \"likes tea\"}]}\n```");
     assert_eq!(fenced.unwrap(), ["likes tea"]);
-    assert_eq!(facts("[]").unwrap(), Vec::<String>::new());
+    assert_eq!(kept("[]").unwrap(), Vec::<String>::new());
     assert!(matches!(
-        facts("Sure! Here are the facts"),
+        kept("Sure! Here are the facts"),
         Err(Malformed::NotJson(_))
     ));
-    assert_eq!(facts(r#"{"text": "x"}"#), Err(Malformed::NotAList));
-    assert_eq!(facts(r#"[{"fact": "x"}]"#), Err(Malformed::NoText(0)));
-    assert_eq!(facts(r#"["a", " "]"#), Err(Malformed::NoText(1)));
+    assert_eq!(kept(r#"{"text": "x"}"#), Err(Malformed::NotAList));
+    assert_eq!(kept(r#"[{"fact": "x"}]"#), Err(Malformed::NoText(0)));
+    assert_eq!(kept(r#"["a", " "]"#), Err(Malformed::NoText(1)));
+}
+
+#[test]
+fn an_answer_longer_than_the_limit_keeps_its_first_distinct_facts() {
+    let answer = serde_json::to_string(&["a", "b", "a", "c", "d", "b", "e"]).unwrap();
+    let f = facts(&answer, 3).unwrap();
+    assert_eq!(f.kept, ["a", "b", "c"]);
+    // "d" and "e"; the repeats of kept facts are not facts left out.
+    assert_eq!(f.left_out, 2);
+    assert_eq!(facts(&answer, 5).unwrap().left_out, 0);
+    // Every item is still checked: a malformed one past the limit refuses
+    // the answer as it would below it.
+    assert_eq!(
+        facts(r#"["a", "b", {"fact": "x"}]"#, 1),
+        Err(Malformed::NoText(2))
+    );
+    // Ten thousand facts keep the limit's worth.
+    let many: Vec<String> = (0..10_000).map(|i| format!("fact {i}")).collect();
+    let f = facts(&serde_json::to_string(&many).unwrap(), 50).unwrap();
+    assert_eq!((f.kept.len(), f.left_out), (50, 9_950));
+    assert_eq!(f.kept, many[..50]);
 }
 
 #[test]
