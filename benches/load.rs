@@ -307,8 +307,10 @@ fn bench_threads() -> usize {
 /// the long-session and long-term scenarios, to measure what a call costs
 /// (RECALL_BENCH_SUMMARY_EVERY, RECALL_BENCH_EXTRACT_EVERY).
 fn env_number(name: &str, default: usize) -> usize {
-    let Ok(v) = std::env::var(name) else {
-        return default;
+    let v = match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => return default,
+        Ok(v) => v,
+        Err(e) => panic!("{name}: {e}"),
     };
     // A typo would otherwise measure the default rate under the name of
     // another, and 0 makes recall refuse its config mid-run.

@@ -108,8 +108,8 @@ pub struct LongTermConfig {
     pub inline_timeout_ms: u64,
     /// The least recently used records of a fuller user go first.
     pub max_records_per_user: usize,
-    /// An extraction answer's first this many facts are stored, per
-    /// strategy; the model's answer would otherwise set how many
+    /// An extraction answer's first this many distinct facts are stored,
+    /// per strategy; the model's answer would otherwise set how many
     /// embeddings an extraction asks for.
     pub max_facts_per_answer: usize,
     /// Model calls of long-term jobs running at once, over all sessions.

@@ -44,6 +44,8 @@ pub struct Extracted {
     pub added: usize,
     pub updated: usize,
     pub evicted: usize,
+    /// Distinct facts past `max_facts_per_answer`, not stored.
+    pub left_out: usize,
     /// The user's memory was deleted after the session began: nothing of
     /// it was written back.
     pub stale: bool,
@@ -112,6 +114,7 @@ impl LongTerm {
             return Ok(Extracted::default());
         }
         let mut found: Vec<(String, &Strategy, String)> = Vec::new();
+        let mut left_out = 0;
         for s in &self.strategies {
             let prompt = lt::extract_prompt(s.prompt(), &ex.messages);
             let facts = self
@@ -122,17 +125,10 @@ impl LongTerm {
                 })
                 .await;
             let facts = match facts {
-                Ok(f) if f.left_out > 0 => {
-                    tracing::warn!(
-                        strategy = %s.name,
-                        kept = f.kept.len(),
-                        left_out = f.left_out,
-                        "the extraction answer held more facts than long_term.max_facts_per_answer; the rest are not stored"
-                    );
-                    self.metrics().memory.facts_left_out(f.left_out);
+                Ok(f) => {
+                    left_out += f.left_out;
                     f.kept
                 }
-                Ok(f) => f.kept,
                 Err(e) => {
                     if matches!(e, ModelError::Malformed(_)) {
                         self.metrics()
@@ -160,9 +156,21 @@ impl LongTerm {
                 embedding,
             })
             .collect();
-        let stored = self
+        let mut stored = self
             .store(&ex.user, &ex.session, ex.began_ms, facts)
             .await?;
+        // Counted once the rest is stored: a failed extraction is tried
+        // again, and would count its answer's facts again.
+        if left_out > 0 && !stored.stale {
+            stored.left_out = left_out;
+            self.metrics().memory.facts_left_out(left_out);
+            tracing::warn!(
+                session = %ex.session,
+                max = self.config.max_facts_per_answer,
+                left_out,
+                "extraction answers held more facts than long_term.max_facts_per_answer allows; the rest were not stored"
+            );
+        }
         let outcome = if stored.stale {
             JobOutcome::Stale
         } else {
@@ -227,6 +235,7 @@ impl LongTerm {
                     added,
                     updated,
                     evicted,
+                    left_out: 0,
                     stale: false,
                 });
             }

@@ -102,13 +102,14 @@ pub enum Malformed {
     NoText(usize),
 }
 
-/// An extraction answer's facts, the first `max` of them distinct.
+/// An extraction answer's first `max` distinct facts, and how many other
+/// distinct facts it held.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Facts {
     pub kept: Vec<String>,
-    /// Facts after the first `max`, not kept: the model's answer, not the
-    /// config, would otherwise set how many embeddings one extraction asks
-    /// for and how many scores merging them takes.
+    /// Not kept: the model's answer, not the config, would otherwise set
+    /// how many embeddings one extraction asks for and how many scores
+    /// merging them takes.
     pub left_out: usize,
 }
 
@@ -131,6 +132,9 @@ pub fn facts(answer: &str, max: usize) -> Result<Facts, Malformed> {
         kept: Vec::with_capacity(list.len().min(max)),
         left_out: 0,
     };
+    // Hashed, so that a long answer's repeats cost no scan of the ones
+    // before them.
+    let mut seen: HashSet<String> = HashSet::with_capacity(list.len());
     for (i, item) in list.into_iter().enumerate() {
         let text = match item {
             Value::String(s) => s,
@@ -144,9 +148,7 @@ pub fn facts(answer: &str, max: usize) -> Result<Facts, Malformed> {
         if text.is_empty() {
             return Err(Malformed::NoText(i));
         }
-        // Against the kept facts only, so a long answer costs `max`
-        // comparisons an item, not one for every item before it.
-        if out.kept.iter().any(|t| t == text) {
+        if !seen.insert(text.to_owned()) {
             continue;
         }
         if out.kept.len() < max {

@@ -283,7 +283,8 @@ pub async fn extract(State(app): State<Arc<App>>, target: Target) -> Result<Json
             .map_err(|_| ApiError::Internal)??;
         return Ok(Json(json!({
             "session_id": target.name, "facts": done.facts, "added": done.added,
-            "updated": done.updated, "evicted": done.evicted, "stale": done.stale,
+            "updated": done.updated, "evicted": done.evicted, "left_out": done.left_out,
+            "stale": done.stale,
         })));
     }
 }

@@ -42,10 +42,10 @@ fn an_extraction_answer_is_a_list_of_facts_or_nothing() {
 
 #[test]
 fn an_answer_longer_than_the_limit_keeps_its_first_distinct_facts() {
-    let answer = serde_json::to_string(&["a", "b", "a", "c", "d", "b", "e"]).unwrap();
+    let answer = serde_json::to_string(&["a", "b", "a", "c", "d", "b", "e", "d"]).unwrap();
     let f = facts(&answer, 3).unwrap();
     assert_eq!(f.kept, ["a", "b", "c"]);
-    // "d" and "e"; the repeats of kept facts are not facts left out.
+    // "d" and "e": a repeat is no fact of its own, kept or left out.
     assert_eq!(f.left_out, 2);
     assert_eq!(facts(&answer, 5).unwrap().left_out, 0);
     // Every item is still checked: a malformed one past the limit refuses
