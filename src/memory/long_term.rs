@@ -133,12 +133,12 @@ pub fn facts(answer: &str, max: usize) -> Result<Facts, Malformed> {
         left_out: 0,
     };
     // Hashed, so that a long answer's repeats cost no scan of the ones
-    // before them.
-    let mut seen: HashSet<String> = HashSet::with_capacity(list.len());
-    for (i, item) in list.into_iter().enumerate() {
+    // before them; borrowed, so that only a kept fact is copied.
+    let mut seen: HashSet<&str> = HashSet::with_capacity(list.len());
+    for (i, item) in list.iter().enumerate() {
         let text = match item {
             Value::String(s) => s,
-            Value::Object(mut o) => match o.remove("text") {
+            Value::Object(o) => match o.get("text") {
                 Some(Value::String(s)) => s,
                 _ => return Err(Malformed::NoText(i)),
             },
@@ -148,7 +148,7 @@ pub fn facts(answer: &str, max: usize) -> Result<Facts, Malformed> {
         if text.is_empty() {
             return Err(Malformed::NoText(i));
         }
-        if !seen.insert(text.to_owned()) {
+        if !seen.insert(text) {
             continue;
         }
         if out.kept.len() < max {
