@@ -417,7 +417,7 @@ async fn an_answer_longer_than_max_facts_per_answer_stores_its_first_facts() {
     assert_eq!(status, 502, "{body}");
     let metrics = h.metrics().await;
     assert!(
-        metrics.contains("recall_long_term_facts_left_out_total 0\n"),
+        metrics.contains("recall_long_term_facts_left_out_total{reason=\"over_max_facts\"} 0\n"),
         "{metrics}"
     );
     h.upstream.embeddings(LongTermMode::Echo);
@@ -441,7 +441,7 @@ async fn an_answer_longer_than_max_facts_per_answer_stores_its_first_facts() {
     assert_eq!(facts_calls, [&5, &5], "{embedded:?}");
     let metrics = h.metrics().await;
     assert!(
-        metrics.contains("recall_long_term_facts_left_out_total 55\n"),
+        metrics.contains("recall_long_term_facts_left_out_total{reason=\"over_max_facts\"} 55\n"),
         "{metrics}"
     );
     let upstream =
@@ -459,6 +459,62 @@ async fn an_answer_longer_than_max_facts_per_answer_stores_its_first_facts() {
         zero.contains("max_facts_per_answer"),
         "0 is refused: {zero:?}"
     );
+}
+
+/// An embedding model refuses an input past its limit: a fact that long
+/// is not stored (an extraction holding it would fail on every attempt),
+/// a turn's query is cut to its end, and a search's is refused.
+#[tokio::test]
+async fn no_text_too_long_to_embed_is_sent_to_the_embedding_model() {
+    let h = harness("max_facts_per_answer = 1").await;
+    let long = format!("likes {}", "green tea ".repeat(300));
+    let answer = json!([long, PEANUTS, long]).to_string();
+    h.upstream.extractions(LongTermMode::Text(answer));
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    let done = extract(&h, "s1").await;
+    assert_eq!(
+        (&done["added"], &done["too_long"], &done["left_out"]),
+        (&json!(1), &json!(1), &json!(0)),
+        "the long fact takes no place among the one allowed: {done}"
+    );
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
+    let metrics = h.metrics().await;
+    let counted = "recall_long_term_facts_left_out_total{reason=\"too_long\"} 1\n";
+    assert!(metrics.contains(counted), "{metrics}");
+    // A turn's query: the reply it answers and the message, cut to the end.
+    let asked = format!("{} What snack should I bring?", "so ".repeat(1000));
+    say(&h, "ana", "s2", &asked).await;
+    assert_eq!(searched(&h, "s2").await, vec![PEANUTS]);
+    let inputs: Vec<String> = h
+        .upstream
+        .received()
+        .iter()
+        .filter(|r| r.path.ends_with("/embeddings"))
+        .flat_map(|r| r.body["input"].as_array().cloned().unwrap_or_default())
+        .map(|t| t.as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        inputs.iter().all(|t| t.chars().count() <= 2000),
+        "{inputs:?}"
+    );
+    let query = inputs.last().unwrap();
+    assert!(
+        query.ends_with("so so What snack should I bring?"),
+        "{query}"
+    );
+    // A search's query is the caller's: too long, it is refused, with no
+    // call made.
+    let calls = embedding_calls(&h);
+    let search = "/v1/users/ana/memory/records/search";
+    for (n, status) in [(2001, 400), (2000, 200)] {
+        let body = json!({"query": "a".repeat(n)});
+        let (got, err) = call(&h, None, Method::POST, search, Some(body)).await;
+        assert_eq!(got, status, "{n} characters: {err}");
+        if status == 400 {
+            assert_eq!(err["error"]["param"], "query", "{err}");
+            assert_eq!(embedding_calls(&h), calls);
+        }
+    }
 }
 
 fn texts_of(facts: &[String]) -> Vec<String> {

@@ -14,7 +14,7 @@ use crate::clock::Clock;
 use crate::config::{LongTermConfig, Strategy};
 use crate::memory::long_term::{self as lt, Fact, NewFact, Origin, Record};
 use crate::memory::session::{Extraction, Query};
-use crate::metrics::{Job, JobOutcome, RecordChange};
+use crate::metrics::{Job, JobOutcome, LeftOut, RecordChange};
 use crate::models::{ChatModel, EmbeddingModel, ModelError, Runner, RunnerLimits};
 use crate::store::{Records, Storage, StorageError};
 
@@ -46,6 +46,8 @@ pub struct Extracted {
     pub evicted: usize,
     /// Distinct facts past `max_facts_per_answer`, not stored.
     pub left_out: usize,
+    /// Distinct facts longer than `MAX_FACT_CHARS`, not stored.
+    pub too_long: usize,
     /// The user's memory was deleted after the session began: nothing of
     /// it was written back.
     pub stale: bool,
@@ -114,7 +116,7 @@ impl LongTerm {
             return Ok(Extracted::default());
         }
         let mut found: Vec<(String, &Strategy, String)> = Vec::new();
-        let mut left_out = 0;
+        let (mut left_out, mut too_long) = (0, 0);
         for s in &self.strategies {
             let prompt = lt::extract_prompt(s.prompt(), &ex.messages);
             let facts = self
@@ -127,6 +129,7 @@ impl LongTerm {
             let facts = match facts {
                 Ok(f) => {
                     left_out += f.left_out;
+                    too_long += f.too_long;
                     f.kept
                 }
                 Err(e) => {
@@ -142,7 +145,12 @@ impl LongTerm {
             found.extend(facts.into_iter().map(|f| (f, s, namespace.clone())));
         }
         if found.is_empty() {
-            return Ok(Extracted::default());
+            self.left_out(&ex.session, left_out, too_long);
+            return Ok(Extracted {
+                left_out,
+                too_long,
+                ..Extracted::default()
+            });
         }
         let texts: Vec<String> = found.iter().map(|(t, ..)| t.clone()).collect();
         let vectors = self.embed(Job::Extract, texts).await?;
@@ -161,15 +169,9 @@ impl LongTerm {
             .await?;
         // Counted once the rest is stored: a failed extraction is tried
         // again, and would count its answer's facts again.
-        if left_out > 0 && !stored.stale {
-            stored.left_out = left_out;
-            self.metrics().memory.facts_left_out(left_out);
-            tracing::warn!(
-                session = %ex.session,
-                max = self.config.max_facts_per_answer,
-                left_out,
-                "extraction answers held more facts than long_term.max_facts_per_answer allows; the rest were not stored"
-            );
+        if !stored.stale {
+            self.left_out(&ex.session, left_out, too_long);
+            (stored.left_out, stored.too_long) = (left_out, too_long);
         }
         let outcome = if stored.stale {
             JobOutcome::Stale
@@ -178,6 +180,28 @@ impl LongTerm {
         };
         self.metrics().memory.job(Job::Extract, outcome);
         Ok(stored)
+    }
+
+    fn left_out(&self, session: &str, left_out: usize, too_long: usize) {
+        let m = &self.metrics().memory;
+        if left_out > 0 {
+            m.facts_left_out(LeftOut::OverMaxFacts, left_out);
+            tracing::warn!(
+                session,
+                max = self.config.max_facts_per_answer,
+                left_out,
+                "extraction answers held more facts than long_term.max_facts_per_answer allows; the rest were not stored"
+            );
+        }
+        if too_long > 0 {
+            m.facts_left_out(LeftOut::TooLong, too_long);
+            tracing::warn!(
+                session,
+                max_chars = lt::MAX_FACT_CHARS,
+                too_long,
+                "extraction answers held facts too long to embed; they were not stored"
+            );
+        }
     }
 
     async fn embed(&self, job: Job, texts: Vec<String>) -> Result<Vec<Vec<f32>>, ModelError> {
@@ -236,6 +260,7 @@ impl LongTerm {
                     updated,
                     evicted,
                     left_out: 0,
+                    too_long: 0,
                     stale: false,
                 });
             }

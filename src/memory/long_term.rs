@@ -102,6 +102,16 @@ pub enum Malformed {
     NoText(usize),
 }
 
+/// The longest fact, in characters: one added by hand is refused past it,
+/// an extracted one left out. Embedding models refuse an input past
+/// their limit (8,192 tokens at OpenAI; a character is at most about 4),
+/// and an extraction with such a fact would fail on every attempt.
+pub const MAX_FACT_CHARS: usize = 2000;
+
+/// The longest text a turn's recall embeds, in characters: its end is
+/// kept (the user's message, then the end of the reply it answers).
+pub const MAX_QUERY_CHARS: usize = 2000;
+
 /// An extraction answer's first `max` distinct facts, and how many other
 /// distinct facts it held.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -111,6 +121,9 @@ pub struct Facts {
     /// how many embeddings one extraction asks for and how many scores
     /// merging them takes.
     pub left_out: usize,
+    /// Not kept either, and taking no place among the `max`: longer than
+    /// `MAX_FACT_CHARS`.
+    pub too_long: usize,
 }
 
 /// The facts of an extraction answer: a JSON list of `{"text": ...}`
@@ -131,6 +144,7 @@ pub fn facts(answer: &str, max: usize) -> Result<Facts, Malformed> {
     let mut out = Facts {
         kept: Vec::with_capacity(list.len().min(max)),
         left_out: 0,
+        too_long: 0,
     };
     // Hashed, so that a long answer's repeats cost no scan of the ones
     // before them; borrowed, so that only a kept fact is copied.
@@ -151,7 +165,9 @@ pub fn facts(answer: &str, max: usize) -> Result<Facts, Malformed> {
         if !seen.insert(text) {
             continue;
         }
-        if out.kept.len() < max {
+        if text.chars().nth(MAX_FACT_CHARS).is_some() {
+            out.too_long += 1;
+        } else if out.kept.len() < max {
             out.kept.push(text.to_owned());
         } else {
             out.left_out += 1;
@@ -575,11 +591,19 @@ pub fn facts_message(template: &str, facts: &[Fact]) -> Option<Message> {
 }
 
 /// What a recall embeds for the turn after a user message: the reply it
-/// answers, then the message (either may be missing).
+/// answers, then the message (either may be missing), cut to its last
+/// `MAX_QUERY_CHARS` characters.
 pub fn query_text(reply: Option<&Message>, asked: &Message) -> String {
-    match reply {
+    let text = match reply {
         Some(r) => format!("{}\n{}", summary::said(r), summary::said(asked)),
         None => summary::said(asked),
+    };
+    if text.len() <= MAX_QUERY_CHARS {
+        return text;
+    }
+    match text.char_indices().rev().nth(MAX_QUERY_CHARS - 1) {
+        Some((0, _)) | None => text,
+        Some((start, _)) => text[start..].to_owned(),
     }
 }
 

@@ -98,6 +98,29 @@ struct ChangeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeftOutLabels {
+    reason: &'static str,
+}
+
+/// Why an extracted fact was not stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeftOut {
+    /// Past `long_term.max_facts_per_answer`.
+    OverMaxFacts,
+    /// Longer than a fact may be.
+    TooLong,
+}
+
+impl LeftOut {
+    fn label(self) -> &'static str {
+        match self {
+            Self::OverMaxFacts => "over_max_facts",
+            Self::TooLong => "too_long",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JobLabels {
     job: &'static str,
     outcome: &'static str,
@@ -113,7 +136,7 @@ pub struct MemoryMetrics {
     long_term_jobs: Family<JobLabels, Counter>,
     long_term_seconds: Histogram,
     records: Family<ChangeLabels, Counter>,
-    facts_left_out: Counter,
+    facts_left_out: Family<LeftOutLabels, Counter>,
 }
 
 impl MemoryMetrics {
@@ -166,12 +189,19 @@ impl MemoryMetrics {
             "Changes of users' long-term records by extraction (added, updated, evicted)",
             records.clone(),
         );
-        let facts_left_out = Counter::default();
+        let facts_left_out = Family::<LeftOutLabels, Counter>::default();
         registry.register(
             "long_term_facts_left_out",
-            "Facts of extraction answers past long_term.max_facts_per_answer, not stored",
+            "Facts of extraction answers not stored, by reason (over_max_facts: past long_term.max_facts_per_answer; too_long: longer than 2,000 characters)",
             facts_left_out.clone(),
         );
+        for reason in [LeftOut::OverMaxFacts, LeftOut::TooLong] {
+            facts_left_out
+                .get_or_create(&LeftOutLabels {
+                    reason: reason.label(),
+                })
+                .inc_by(0);
+        }
         for change in [
             RecordChange::Added,
             RecordChange::Updated,
@@ -274,8 +304,12 @@ impl MemoryMetrics {
             .inc_by(n as u64);
     }
 
-    pub fn facts_left_out(&self, n: usize) {
-        self.facts_left_out.inc_by(n as u64);
+    pub fn facts_left_out(&self, reason: LeftOut, n: usize) {
+        self.facts_left_out
+            .get_or_create(&LeftOutLabels {
+                reason: reason.label(),
+            })
+            .inc_by(n as u64);
     }
 
     /// A turn's window: `lag` uncovered messages outside it, `saved` tokens,

@@ -21,7 +21,7 @@ mod memory;
 mod reading;
 
 pub use cause::Cause;
-pub use memory::{Job, JobOutcome, MemoryMetrics, RecordChange};
+pub use memory::{Job, JobOutcome, LeftOut, MemoryMetrics, RecordChange};
 pub use reading::{Buckets, Reading};
 
 use crate::memory::reconcile::Rewrite;

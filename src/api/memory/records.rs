@@ -15,12 +15,9 @@ use crate::api::sessions::{existing, json_body, Target};
 use crate::api::{PathParams, QueryParams};
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::long_term::LongTerm;
-use crate::memory::long_term::Record;
+use crate::memory::long_term::{self as lt, Record};
 use crate::memory::session::ExtractNow;
 use crate::server::app::App;
-
-/// The longest fact added by hand.
-const MAX_FACT_CHARS: usize = 2000;
 
 /// The bounds seed 002 sets on a search.
 const LIMITS: std::ops::RangeInclusive<u64> = 5..=200;
@@ -106,14 +103,9 @@ pub async fn search_records(
 ) -> Result<Json<Value>, ApiError> {
     let long_term = enabled(&app)?;
     let body = object_body(&app, body).await?;
-    let query = match string(&body, "query")? {
-        Some(q) if !q.trim().is_empty() => q.to_owned(),
-        _ => {
-            return Err(
-                RequestError::invalid("`query` must be a non-empty string", Some("query")).into(),
-            )
-        }
-    };
+    // What a turn's recall embeds is cut to this length; a caller is
+    // told, since the embedding model would refuse a text past its own.
+    let query = super::text_field(Value::Object(body.clone()), "query", lt::MAX_QUERY_CHARS)?;
     let (lo, hi) = (*LIMITS.start() as f64, *LIMITS.end() as f64);
     let limit =
         number(&body, "limit", (lo, hi), true)?.map_or(long_term.config.limit, |x| x as usize);
@@ -231,7 +223,7 @@ pub async fn add_record(
 ) -> Result<Json<Value>, ApiError> {
     let long_term = enabled(&app)?;
     let body = object_body(&app, body).await?;
-    let text = super::text_field(Value::Object(body.clone()), "text", MAX_FACT_CHARS)?
+    let text = super::text_field(Value::Object(body.clone()), "text", lt::MAX_FACT_CHARS)?
         .trim()
         .to_owned();
     let strategies = long_term.strategies();
@@ -284,6 +276,7 @@ pub async fn extract(State(app): State<Arc<App>>, target: Target) -> Result<Json
         return Ok(Json(json!({
             "session_id": target.name, "facts": done.facts, "added": done.added,
             "updated": done.updated, "evicted": done.evicted, "left_out": done.left_out,
+            "too_long": done.too_long,
             "stale": done.stale,
         })));
     }

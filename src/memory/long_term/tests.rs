@@ -62,6 +62,37 @@ fn an_answer_longer_than_the_limit_keeps_its_first_distinct_facts() {
 }
 
 #[test]
+fn a_fact_too_long_to_embed_is_left_out_and_takes_no_place() {
+    let longest = "é".repeat(MAX_FACT_CHARS);
+    let over = format!("{longest}x");
+    let answer = serde_json::to_string(&[&over, "a", &over, &longest, "b"]).unwrap();
+    let f = facts(&answer, 2).unwrap();
+    // Counted in characters, not bytes: the longest allowed is kept.
+    assert_eq!(f.kept, ["a", longest.as_str()]);
+    // The repeat of the long one is no fact of its own.
+    assert_eq!((f.too_long, f.left_out), (1, 1));
+}
+
+#[test]
+fn a_query_keeps_its_last_characters() {
+    let said = |role, text: &str| Message::new(role, text.to_owned());
+    let reply = said(Role::Assistant, &format!("start {}", "ü".repeat(3000)));
+    let asked = said(Role::User, "What did I say?");
+    let q = query_text(Some(&reply), &asked);
+    assert_eq!(q.chars().count(), MAX_QUERY_CHARS);
+    assert!(q.ends_with("ü\nWhat did I say?"));
+    assert!(!q.contains("start"));
+    // At the limit exactly, nothing is cut.
+    let exact = said(Role::User, &"x".repeat(MAX_QUERY_CHARS));
+    assert_eq!(query_text(None, &exact).len(), MAX_QUERY_CHARS);
+    let multibyte = said(Role::User, &"ü".repeat(MAX_QUERY_CHARS));
+    assert_eq!(
+        query_text(None, &multibyte).chars().count(),
+        MAX_QUERY_CHARS
+    );
+}
+
+#[test]
 fn cosine_is_bounded_and_zero_for_what_cannot_compare() {
     assert!((cosine(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-6);
     assert!((cosine(&[1.0, 0.0], &[-1.0, 0.0]) + 1.0).abs() < 1e-6);
