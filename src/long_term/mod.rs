@@ -7,6 +7,7 @@
 
 pub mod jobs;
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -300,7 +301,7 @@ impl LongTerm {
         limit: usize,
         threshold: f32,
         namespace: Option<&str>,
-    ) -> Result<Vec<(Record, f32)>, LongTermError> {
+    ) -> Result<Vec<(Arc<Record>, f32)>, LongTermError> {
         let held = self.records.of(&self.storage, user).await?;
         // Nothing to rank (a new user's every turn, until a first
         // extraction): the embedding call would be paid for nothing.
@@ -312,15 +313,11 @@ impl LongTerm {
         let vector = vectors.pop().unwrap_or_default();
         let ranked = match namespace {
             Some(_) => {
-                let within: Vec<&Record> = held
-                    .records
-                    .iter()
-                    .map(|r| &**r)
-                    .filter(|r| in_scope(r))
-                    .collect();
-                owned(lt::rank(&within, &vector, limit, threshold))
+                let within: Vec<&Arc<Record>> =
+                    held.records.iter().filter(|r| in_scope(r)).collect();
+                shared(lt::rank(&within, &vector, limit, threshold))
             }
-            None => owned(lt::rank(&held.records, &vector, limit, threshold)),
+            None => shared(lt::rank(&held.records, &vector, limit, threshold)),
         };
         Ok(ranked)
     }
@@ -332,7 +329,7 @@ impl LongTerm {
         let found = self
             .search(user, &query.text, c.limit, c.score_threshold, None)
             .await?;
-        let ranked: Vec<(&Record, f32)> = found.iter().map(|(r, s)| (r, *s)).collect();
+        let ranked: Vec<(&Record, f32)> = found.iter().map(|(r, s)| (&**r, *s)).collect();
         let facts = lt::recalled(&ranked);
         // Eviction needs to know what is used, not when to the second: a
         // write per search would compete with the turns' own writes.
@@ -359,8 +356,11 @@ impl LongTerm {
     }
 }
 
-fn owned(ranked: Vec<(&Record, f32)>) -> Vec<(Record, f32)> {
-    ranked.into_iter().map(|(r, s)| (r.clone(), s)).collect()
+fn shared<R: Borrow<Arc<Record>>>(ranked: Vec<(&R, f32)>) -> Vec<(Arc<Record>, f32)> {
+    ranked
+        .into_iter()
+        .map(|(r, s)| (Arc::clone(r.borrow()), s))
+        .collect()
 }
 
 /// `mem_` and 24 random hex digits.

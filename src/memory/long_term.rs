@@ -303,23 +303,24 @@ pub fn merge<R: AsRef<Record>>(
 }
 
 /// The records most like `query`, best first: at most `limit`, each
-/// scoring at least `threshold`; ties go to the newer record.
+/// scoring at least `threshold`; ties go to the newer record. The items
+/// themselves, so that shared records are answered without a copy of
+/// their embeddings.
 pub fn rank<'a, R: AsRef<Record>>(
     records: &'a [R],
     query: &[f32],
     limit: usize,
     threshold: f32,
-) -> Vec<(&'a Record, f32)> {
+) -> Vec<(&'a R, f32)> {
     let probe = Probe::new(query);
-    let mut scored: Vec<(&Record, f32)> = records
+    let mut scored: Vec<(&R, f32)> = records
         .iter()
-        .map(AsRef::as_ref)
-        .map(|r| (r, probe.cosine(&r.embedding)))
+        .map(|r| (r, probe.cosine(&r.as_ref().embedding)))
         .filter(|&(_, s)| s >= threshold)
         .collect();
     scored.sort_by(|a, b| {
-        b.1.total_cmp(&a.1)
-            .then_with(|| b.0.updated_at.cmp(&a.0.updated_at))
+        let newer = || b.0.as_ref().updated_at.cmp(&a.0.as_ref().updated_at);
+        b.1.total_cmp(&a.1).then_with(newer)
     });
     scored.truncate(limit);
     scored
