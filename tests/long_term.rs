@@ -468,6 +468,24 @@ async fn an_answer_longer_than_max_facts_per_answer_stores_its_first_facts() {
 async fn no_text_too_long_to_embed_is_sent_to_the_embedding_model() {
     let h = harness("max_facts_per_answer = 1").await;
     let long = format!("likes {}", "green tea ".repeat(300));
+    // An answer of nothing but a long fact stores nothing and is done:
+    // asked again, the model would answer the same.
+    h.upstream
+        .extractions(LongTermMode::Text(json!([long]).to_string()));
+    say(&h, "ana", "s0", &format!("{PEANUTS}.")).await;
+    let done = extract(&h, "s0").await;
+    assert_eq!(
+        (&done["added"], &done["too_long"]),
+        (&json!(0), &json!(1)),
+        "{done}"
+    );
+    assert_eq!(embedding_calls(&h), 0);
+    let again = extract(&h, "s0").await;
+    assert_eq!(
+        (&again["facts"], &again["too_long"]),
+        (&json!(0), &json!(0)),
+        "{again}"
+    );
     let answer = json!([long, PEANUTS, long]).to_string();
     h.upstream.extractions(LongTermMode::Text(answer));
     say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
@@ -479,9 +497,10 @@ async fn no_text_too_long_to_embed_is_sent_to_the_embedding_model() {
     );
     assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
     let metrics = h.metrics().await;
-    let counted = "recall_long_term_facts_left_out_total{reason=\"too_long\"} 1\n";
+    let counted = "recall_long_term_facts_left_out_total{reason=\"too_long\"} 2\n";
     assert!(metrics.contains(counted), "{metrics}");
-    // A turn's query: the reply it answers and the message, cut to the end.
+    // A turn's query is cut to its end (here a first message alone; the
+    // unit test has a reply before it).
     let asked = format!("{} What snack should I bring?", "so ".repeat(1000));
     say(&h, "ana", "s2", &asked).await;
     assert_eq!(searched(&h, "s2").await, vec![PEANUTS]);

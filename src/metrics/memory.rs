@@ -192,7 +192,10 @@ impl MemoryMetrics {
         let facts_left_out = Family::<LeftOutLabels, Counter>::default();
         registry.register(
             "long_term_facts_left_out",
-            "Facts of extraction answers not stored, by reason (over_max_facts: past long_term.max_facts_per_answer; too_long: longer than 2,000 characters)",
+            format!(
+                "Facts of extraction answers not stored, by reason (over_max_facts: past long_term.max_facts_per_answer; too_long: longer than {} characters)",
+                crate::memory::long_term::MAX_FACT_CHARS
+            ),
             facts_left_out.clone(),
         );
         for reason in [LeftOut::OverMaxFacts, LeftOut::TooLong] {

@@ -263,6 +263,7 @@ pub async fn extract(State(app): State<Arc<App>>, target: Target) -> Result<Json
             Ok(ExtractNow::Nothing) => {
                 return Ok(Json(json!({
                     "session_id": target.name, "facts": 0, "added": 0, "updated": 0,
+                    "evicted": 0, "left_out": 0, "too_long": 0, "stale": false,
                 })))
             }
             Ok(ExtractNow::Running) | Err(_) => {
