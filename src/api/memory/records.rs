@@ -14,7 +14,7 @@ use super::users::UserTarget;
 use crate::api::sessions::{existing, json_body, Target};
 use crate::api::{PathParams, QueryParams};
 use crate::error::{ApiError, NotFound, RequestError};
-use crate::long_term::LongTerm;
+use crate::long_term::{Extracted, LongTerm};
 use crate::memory::long_term::{self as lt, Record};
 use crate::memory::session::ExtractNow;
 use crate::server::app::App;
@@ -261,10 +261,7 @@ pub async fn extract(State(app): State<Arc<App>>, target: Target) -> Result<Json
         let ex = match session.extract_now() {
             Ok(ExtractNow::Start(ex)) => ex,
             Ok(ExtractNow::Nothing) => {
-                return Ok(Json(json!({
-                    "session_id": target.name, "facts": 0, "added": 0, "updated": 0,
-                    "evicted": 0, "left_out": 0, "too_long": 0, "stale": false,
-                })))
+                return Ok(Json(extracted(&target.name, &Extracted::default())))
             }
             Ok(ExtractNow::Running) | Err(_) => {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -274,11 +271,15 @@ pub async fn extract(State(app): State<Arc<App>>, target: Target) -> Result<Json
         let done = crate::long_term::jobs::extract(Arc::clone(long_term), Some(session), ex)
             .await
             .map_err(|_| ApiError::Internal)??;
-        return Ok(Json(json!({
-            "session_id": target.name, "facts": done.facts, "added": done.added,
-            "updated": done.updated, "evicted": done.evicted, "left_out": done.left_out,
-            "too_long": done.too_long,
-            "stale": done.stale,
-        })));
+        return Ok(Json(extracted(&target.name, &done)));
     }
+}
+
+/// The extract endpoint's answer: what the extraction did.
+fn extracted(session: &str, done: &Extracted) -> Value {
+    json!({
+        "session_id": session, "facts": done.facts, "added": done.added,
+        "updated": done.updated, "evicted": done.evicted, "left_out": done.left_out,
+        "too_long": done.too_long, "stale": done.stale,
+    })
 }
