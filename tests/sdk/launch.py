@@ -38,6 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 UPSTREAMS = ("scripted", "llmock")
+# "tap": `tap.py` in front of a real model server (`Stack(forward=URL)`).
+KINDS = UPSTREAMS + ("tap",)
 
 # llmock's answers: the echo style repeats the prompt (every message's
 # content, joined), so what recall sent upstream shows in the answer.
@@ -131,10 +133,17 @@ def shipped_config(name: str):
 class Stack:
     """An upstream (scripted or llmock) and recall in front of it."""
 
-    def __init__(self, upstream: str = "scripted", extra_config: str = "", env: dict | None = None):
-        if upstream not in UPSTREAMS:
-            raise ValueError(f"upstream must be one of {UPSTREAMS}, not {upstream!r}")
+    def __init__(self, upstream: str = "scripted", extra_config: str = "", env: dict | None = None,
+                 forward: str = "", upstream_config: str = "", window_messages: int = 20):
+        if upstream not in KINDS:
+            raise ValueError(f"upstream must be one of {KINDS}, not {upstream!r}")
+        if (upstream == "tap") != bool(forward):
+            raise ValueError("a tap, and only a tap, forwards to a server")
         self.upstream = upstream
+        self.forward = forward
+        # Keys added to the [[upstreams]] entry (max_concurrent, say).
+        self.upstream_config = upstream_config
+        self.window_messages = window_messages
         self.extra_config = extra_config
         # Variables recall gets on top of ours (a webhook secret, say).
         self.env = dict(env or {})
@@ -188,6 +197,9 @@ class Stack:
             if self.upstream == "scripted":
                 argv = [sys.executable, str(HERE / "scripted_upstream.py"), "--port", str(port)]
                 health = f"http://127.0.0.1:{port}/health"
+            elif self.upstream == "tap":
+                argv = [sys.executable, str(HERE / "tap.py"), "--forward", self.forward, "--port", str(port)]
+                health = f"http://127.0.0.1:{port}/health"
             else:
                 argv = [llmock_bin(), "serve", "--host", "127.0.0.1", "--port", str(port), *LLMOCK_ARGS]
                 health = f"http://127.0.0.1:{port}/health"
@@ -231,7 +243,7 @@ shutdown_grace_secs = 1
 backend = "memory"
 
 [history]
-window_messages = 20              # every turn of a test's conversation is sent
+window_messages = {self.window_messages}              # 20: every turn of a test's conversation is sent
 max_messages = 200
 
 [interruption]
@@ -248,6 +260,7 @@ content = "{SYSTEM_MESSAGE}"
 name = "{self.upstream}"
 base_url = "{self.upstream_url}/v1"
 # no api_key_env: the client's Authorization header is forwarded
+{self.upstream_config}
 {self.extra_config}
 """
 
@@ -296,7 +309,7 @@ base_url = "{self.upstream_url}/v1"
 
     def received(self) -> list[dict]:
         """The bodies of the chat completions the upstream received, oldest first."""
-        if self.upstream == "scripted":
+        if self.upstream in ("scripted", "tap"):
             _, entries = http("GET", f"{self.upstream_url}/_received")
             return [e["body"] for e in entries if e["path"].endswith("/chat/completions")]
         _, journal = http("GET", f"{self.upstream_url}/_llmock/requests", timeout=10)
@@ -304,7 +317,7 @@ base_url = "{self.upstream_url}/v1"
 
     def reset(self):
         """Forgets what the upstream received (and llmock's queued behaviours)."""
-        if self.upstream == "scripted":
+        if self.upstream in ("scripted", "tap"):
             http("DELETE", f"{self.upstream_url}/_received")
         else:
             http("POST", f"{self.upstream_url}/_llmock/reset")
@@ -316,6 +329,11 @@ base_url = "{self.upstream_url}/v1"
         assert status == 201, body
 
     # -- recall's session API -------------------------------------------------
+
+    def entries(self) -> list[dict]:
+        """Everything a tap recorded: method, path, body, started, ended, status."""
+        assert self.upstream == "tap", "timings are a tap's"
+        return http("GET", f"{self.upstream_url}/_received")[1]
 
     def history(self, session: str):
         return http("GET", f"{self.recall_url}/v1/sessions/{session}/history")

@@ -1,0 +1,196 @@
+"""recall in front of a real model server, through the official SDKs.
+
+llama.cpp's server (llama-cpp-python) with SmolLM2-135M-Instruct, one slot,
+recall's upstream `max_concurrent = 1` as config/local.toml sets it. Every
+assertion is on what recall stored and what it sent the server (the tap
+records it), never on what the model says.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from openai import OpenAI
+
+from conftest import real_stack
+from llama import MODEL
+
+
+@pytest.fixture
+def stacks(request, llama_server):
+    """Starts recall stacks in front of the server; stops them after the test."""
+    started = []
+    request.node.stacks = started
+
+    def start(extra_config: str = "", **kw):
+        s = real_stack(llama_server, extra_config, **kw).start()
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def client(stack, session: str, user: str | None = None) -> OpenAI:
+    headers = {"x-session-id": session}
+    if user:
+        headers["x-user-id"] = user
+    return OpenAI(base_url=f"{stack.recall_url}/v1", api_key="unused", default_headers=headers,
+                  max_retries=0, timeout=300)
+
+
+def say(c: OpenAI, text: str, max_tokens: int = 24) -> str:
+    answer = c.chat.completions.create(model=MODEL, max_tokens=max_tokens, temperature=0,
+                                       messages=[{"role": "user", "content": text}])
+    return answer.choices[0].message.content or ""
+
+
+def pairs(body: dict) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"] if isinstance(m["content"], str) else str(m["content"]))
+            for m in body["messages"]]
+
+
+def test_memory_across_turns(stacks, sid):
+    stack = stacks()
+    c = client(stack, sid)
+    first = say(c, "My name is Ada and I live in Hanoi.")
+    second = say(c, "What is my name?")
+    sent = stack.received()
+    assert len(sent) == 2
+    # The second request carried the first turn, as recall stored it.
+    assert ("user", "My name is Ada and I live in Hanoi.") in pairs(sent[1])
+    assert ("assistant", first) in pairs(sent[1])
+    assert pairs(sent[1])[-1] == ("user", "What is my name?")
+    contents = stack.history(sid)[1]["contents"]
+    assert [(m["role"], m["content"]) for m in contents] == [
+        ("user", "My name is Ada and I live in Hanoi."), ("assistant", first),
+        ("user", "What is my name?"), ("assistant", second),
+    ]
+
+
+def test_a_stream_cut_mid_sentence_is_recorded_with_its_complete_original(stacks, sid):
+    stack = stacks()
+    c = client(stack, sid)
+    stream = c.chat.completions.create(
+        model=MODEL, stream=True, max_tokens=160, temperature=0,
+        messages=[{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}])
+    read = ""
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            read += chunk.choices[0].delta.content
+        if len(read.split()) >= 6:
+            break
+    stream.close()
+    contents = stack.wait_history(
+        sid, lambda ms: len(ms) == 2 and ms[1].get("metadata", {}).get("original_complete") is True,
+        within=180, what="the cut reply's complete original")
+    reply = contents[1]
+    meta = reply["metadata"]
+    assert meta["interrupted"] is True and meta["cut_by"] == "client_gone", meta
+    # Heard: at least what this client read, and no more than the model said.
+    assert reply["content"].startswith(read), (reply["content"], read)
+    assert meta["original"].startswith(reply["content"])
+    assert len(meta["original"]) > len(reply["content"]), meta
+    # The drain read the server's answer to its end, on the one request sent.
+    entries = stack.entries()
+    assert len(entries) == 1 and entries[0]["status"] == 200, entries
+
+
+def test_a_summary_is_stored_and_sent(stacks, sid):
+    stack = stacks("""
+[memory]
+summarize = true
+summary_model = "smollm2"
+summary_every_messages = 4
+summary_max_chars = 2000
+""", window_messages=4)
+    c = client(stack, sid)
+    for text in ("My name is Ada.", "I work as a nurse.", "I have two daughters.", "I like green tea."):
+        say(c, text)
+    status, session = 0, {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status, session = stack.history(sid)
+        if status == 200 and (session.get("summary") or {}).get("text"):
+            break
+        time.sleep(0.2)
+    summary = (session.get("summary") or {}).get("text")
+    assert summary, f"no summary stored: {session}"
+    # Its fold was a request of its own, bounded.
+    folds = [b for b in stack.received() if b["messages"][0]["content"].startswith("You keep the memory")]
+    assert folds, "no fold request reached the model"
+    say(c, "What do I drink?")
+    last = stack.received()[-1]
+    systems = [content for role, content in pairs(last) if role == "system"]
+    assert any(summary in s for s in systems), (summary, systems)
+
+
+def test_a_responses_chain(stacks):
+    stack = stacks()
+    c = OpenAI(base_url=f"{stack.recall_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    first = c.responses.create(model=MODEL, input="My name is Ada.", max_output_tokens=24)
+    second = c.responses.create(model=MODEL, input="What is my name?", previous_response_id=first.id,
+                                max_output_tokens=24)
+    assert second.previous_response_id == first.id
+    sent = stack.received()
+    assert len(sent) == 2
+    assert ("user", "My name is Ada.") in pairs(sent[1])
+    assert ("assistant", first.output_text) in pairs(sent[1])
+    assert pairs(sent[1])[-1] == ("user", "What is my name?")
+
+
+def test_the_agents_sdk(stacks, sid):
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    stack = stacks()
+    base = f"{stack.recall_url}/sessions/{sid}/v1"
+    model = agents.OpenAIChatCompletionsModel(
+        model=MODEL, openai_client=AsyncOpenAI(base_url=base, api_key="unused", max_retries=0, timeout=300))
+    agent = agents.Agent(name="assistant", instructions="Answer in one short sentence.", model=model,
+                         model_settings=agents.ModelSettings(max_tokens=24, temperature=0))
+    agents.set_tracing_disabled(True)
+    first = agents.Runner.run_sync(agent, "My name is Ada.")
+    # The Agents SDK resends the whole conversation: recall keeps one copy.
+    second = agents.Runner.run_sync(agent, first.to_input_list() + [{"role": "user", "content": "What is my name?"}])
+    contents = stack.history(sid)[1]["contents"]
+    assert [(m["role"], m["content"]) for m in contents] == [
+        ("user", "My name is Ada."), ("assistant", first.final_output),
+        ("user", "What is my name?"), ("assistant", second.final_output),
+    ]
+    sent = stack.received()
+    assert pairs(sent[1])[0] == ("system", "You are recall's SDK test assistant.")
+    assert ("assistant", first.final_output) in pairs(sent[1])
+
+
+def test_a_barge_in_does_not_wait_for_the_cut_reply(stacks, sid):
+    stack = stacks()
+    c = client(stack, sid)
+    stream = c.chat.completions.create(
+        model=MODEL, stream=True, max_tokens=400, temperature=0,
+        messages=[{"role": "user", "content": "Write a very long essay about the history of Rome."}])
+    words = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            words += 1
+        if words >= 5:
+            break
+    # The user talks over the bot: the next turn, while the reply streams.
+    started = time.monotonic()
+    answer = say(c, "Stop. What is two plus two?", max_tokens=12)
+    took = time.monotonic() - started
+    stream.close()
+    contents = stack.wait_history(sid, lambda ms: len(ms) == 4, within=60, what="both turns")
+    cut = contents[1]["metadata"]
+    assert cut["interrupted"] is True and cut["cut_by"] == "new_request", cut
+    assert contents[3]["content"] == answer
+    entries = stack.entries()
+    essay = entries[0]
+    # The cut reply's request was closed (its drain yielded the one slot)
+    # before the barge-in's request reached the server.
+    assert essay["status"] == "cut", essay
+    assert essay["ended"] <= entries[1]["started"] + 0.05, (essay, entries[1])
+    print(f"\nbarge-in answered in {took:.2f} s; the cut reply's request ran "
+          f"{essay['ended'] - essay['started']:.2f} s and was closed as the barge-in's began")
