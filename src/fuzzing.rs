@@ -1,4 +1,4 @@
-//! Entry points for the fuzz targets in `fuzz/` and for `tests/fuzz_corpus.rs`,
+//! Entry points for the fuzz targets in `fuzz/` and for `tests/suite/fuzz_corpus.rs`,
 //! which replays their seed corpora and every crasher found so far. Each
 //! takes raw bytes, drives the same code a request or a config file goes
 //! through, and panics only when an invariant of that code is broken.

@@ -2,7 +2,7 @@
 //! cancellations, barge-ins and upstream faults; then invariants over every
 //! session's history.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! the drain of the reply it cut, and live requests past the limit wait in
 //! order instead of piling up inside the server.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

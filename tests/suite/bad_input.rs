@@ -3,7 +3,7 @@
 //! `param` where one applies), the stored history of the session is the
 //! same afterwards, and the next request on that session still works.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

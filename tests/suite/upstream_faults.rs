@@ -3,7 +3,7 @@
 //! stream's end), the user's message kept, the part already sent recorded
 //! as interrupted, and nothing left running.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -6,7 +6,7 @@
 //! scripted upstream received and the exact stored history, superseded
 //! messages included.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Streaming relay: events reach the client as they arrive, bytes unchanged,
 //! and the accumulated reply is remembered.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The session API: seeding, reading, appending, resetting and ending
 //! sessions, runtime system messages, users, and admin auth.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::Method;

@@ -3,7 +3,7 @@
 //! `.ci/run` starts a cluster for it. On the key layout before hash tags
 //! every session's write fails with CROSSSLOT, and so do these tests.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! with the scripted mock as the summary model (`SUMMARIZER`). Asserted on
 //! what the upstream received and what is stored.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

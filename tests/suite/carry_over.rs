@@ -2,7 +2,7 @@
 //! session as a note, and no other user's or tenant's. The scripted mock is
 //! the summary model (`SUMMARIZER`).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

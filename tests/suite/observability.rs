@@ -1,6 +1,6 @@
 //! Metrics, request ids and logs: what an operator sees of recall.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,7 @@
 //! slot up to a live request, and a barge-in takes the slot of the reply
 //! it cuts, so the user is never refused for the reply they talk over.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! How sessions end (API, expiry, eviction) and what the webhook receives.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

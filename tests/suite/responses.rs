@@ -3,7 +3,7 @@
 //! calls and streams; what is stored; and the bad inputs, which change
 //! nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

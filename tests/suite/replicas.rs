@@ -1,7 +1,7 @@
 //! Several recall replicas on one Redis: one conversation, any replica.
 //! Needs `RECALL_TEST_REDIS_URL`; `.ci/run` starts a Redis server for it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

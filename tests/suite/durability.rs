@@ -1,7 +1,7 @@
 //! What survives: restarts, `kill -9`, and SIGTERM in the middle of replies.
 //! These run against SQLite whatever backend the rest of the suite uses.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 //! escaping, sign-in, tenants, CSRF, and the live session stream. The
 //! browser itself is driven in `tests/sdk/python/test_console_browser.py`.
 
-mod common;
+use crate::common;
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Multi-turn memory through the real server: what the upstream receives and
 //! what the history endpoint shows.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

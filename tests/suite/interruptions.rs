@@ -1,7 +1,7 @@
 //! Interruptions: what was said, what was cut off, and the complete
 //! original, under client disconnects, barge-in and the interrupt endpoint.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //! suite once per backend), and need `redis-server` and `redis-cli` on
 //! PATH; without them they print SKIPPED, or fail under `CI=true`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

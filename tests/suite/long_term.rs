@@ -4,7 +4,7 @@
 //! scripted mock is the extract model (`EXTRACTOR`) and the embedding model
 //! (`/embeddings`), with recall's own mock answers.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

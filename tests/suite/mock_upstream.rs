@@ -1,7 +1,7 @@
 //! The built-in mock upstream (`base_url = "mock://echo"`): its OpenAI wire
 //! format, its pace, and recall's memory and interruptions in front of it.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -1,7 +1,7 @@
 //! Client keys: who may use recall, and that each key sees only its own
 //! sessions through every endpoint.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

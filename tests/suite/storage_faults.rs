@@ -7,7 +7,7 @@
 //! round's commit, Redis's per-session script call. These run on SQLite, or
 //! on Redis when `RECALL_TEST_BACKEND=redis`.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

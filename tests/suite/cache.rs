@@ -1,6 +1,6 @@
 //! The exact-match answer cache.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Vendor modes as the upstream sees them: the exact fields of the body and
 //! of each message, plus the headers that cross.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

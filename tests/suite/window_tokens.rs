@@ -2,7 +2,7 @@
 //! history, counted with the model's tokenizer or, for a model recall does
 //! not know, estimated from characters.
 
-mod common;
+use crate::common;
 
 use common::*;
 use recall::memory::window::{TrimReason, TrimScope};

@@ -2,7 +2,7 @@
 //! (`HTTP_PROXY`, `HTTPS_PROXY`, `NO_PROXY`). A binary of its own with one
 //! test: the environment is the process's, and no other test may see it.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! Every error recall answers itself is OpenAI-shaped, has OpenAI's status,
 //! and a rejected request changes nothing.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
