@@ -1,7 +1,8 @@
 //! What memory beyond the window measures: summary jobs by outcome and
 //! duration, how far the summary lags behind the window, what it saves,
 //! and the gaps when it lags too far; long-term memory's jobs and what
-//! they changed of users' records.
+//! they changed of users' records; the background calls of any job that
+//! gave their upstream slot to a live request.
 
 use std::time::Duration;
 
@@ -121,6 +122,11 @@ impl LeftOut {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobOnlyLabels {
+    job: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JobLabels {
     job: &'static str,
     outcome: &'static str,
@@ -137,6 +143,7 @@ pub struct MemoryMetrics {
     long_term_seconds: Histogram,
     records: Family<ChangeLabels, Counter>,
     facts_left_out: Family<LeftOutLabels, Counter>,
+    background_yields: Family<JobOnlyLabels, Counter>,
 }
 
 impl MemoryMetrics {
@@ -198,6 +205,12 @@ impl MemoryMetrics {
             ),
             facts_left_out.clone(),
         );
+        let background_yields = Family::<JobOnlyLabels, Counter>::default();
+        registry.register(
+            "background_yields",
+            "Background model calls, by job, cut to give their upstream slot (max_concurrent) to a live request, and made again: not failed attempts",
+            background_yields.clone(),
+        );
         for reason in [LeftOut::OverMaxFacts, LeftOut::TooLong] {
             facts_left_out
                 .get_or_create(&LeftOutLabels {
@@ -217,6 +230,9 @@ impl MemoryMetrics {
                 .inc_by(0);
         }
         for job in [Job::Fold, Job::Note, Job::Extract, Job::Recall] {
+            background_yields
+                .get_or_create(&JobOnlyLabels { job: job.label() })
+                .inc_by(0);
             let family = if job.long_term() {
                 &long_term_jobs
             } else {
@@ -241,6 +257,7 @@ impl MemoryMetrics {
             long_term_seconds,
             records,
             facts_left_out,
+            background_yields,
         }
     }
 
@@ -290,6 +307,20 @@ impl MemoryMetrics {
             .sum()
     }
 
+    /// A call of `job` gave its upstream slot to a live request.
+    pub fn background_yield(&self, job: Job) {
+        self.background_yields
+            .get_or_create(&JobOnlyLabels { job: job.label() })
+            .inc();
+    }
+
+    pub fn background_yields(&self, job: Job) -> u64 {
+        self.background_yields
+            .get_or_create(&JobOnlyLabels { job: job.label() })
+            .get()
+    }
+
+    /// One call of `job`'s model took `took`, its waits for a slot left out.
     pub fn call(&self, job: Job, took: Duration) {
         let h = if job.long_term() {
             &self.long_term_seconds

@@ -77,9 +77,9 @@ pub(super) async fn call(
     path: Option<&str>,
     body: &Value,
 ) -> Result<Vec<u8>, ModelError> {
-    // A place under the upstream's `max_concurrent`, in line with the live
-    // requests.
-    let _slot = upstream.slot().await?;
+    // A place under the upstream's `max_concurrent`: behind live requests
+    // for a background job's call.
+    let _slot = super::background::slot(upstream).await?;
     let body = body.to_string().into();
     let resp = match path {
         None => upstream.send_chat(&HeaderMap::new(), body).await?,

@@ -2,8 +2,10 @@
 //! (summaries, notes, fact extraction) and an embedding model (long-term
 //! memory), each behind a small trait with an implementation over a
 //! configured upstream; and the `Runner` their jobs share: a global limit,
-//! a timeout per call, attempts with a doubling pause.
+//! a timeout per call, attempts with a doubling pause, and each call in
+//! the background class under its upstream's `max_concurrent`.
 
+mod background;
 mod chat;
 mod embedding;
 mod runner;

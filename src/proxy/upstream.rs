@@ -15,6 +15,7 @@ use wildmatch::WildMatch;
 use crate::config::{MockKind, UpstreamConfig};
 use crate::error::UpstreamError;
 use crate::proxy::client::{self, BodyStream, Client, Response, Settings};
+use crate::proxy::cut::Cut;
 use crate::proxy::gate::{Gate, Slot};
 use crate::proxy::idle::IdleLimit;
 use crate::proxy::mock::{MockServer, Pace};
@@ -186,6 +187,34 @@ impl Upstream {
                 limit: gate.limit(),
                 secs: self.timeout.as_secs(),
             })
+    }
+
+    /// A slot for one of recall's own background calls under
+    /// `max_concurrent` (none without a limit): given only while no live
+    /// call waits, waited for within `within`. `ask` is cut when a live
+    /// call needs the slot back; the holder must then drop it.
+    pub async fn background_slot(
+        &self,
+        ask: Arc<Cut>,
+        within: Duration,
+    ) -> Result<Option<Slot>, UpstreamError> {
+        let Some(gate) = &self.gate else {
+            return Ok(None);
+        };
+        tokio::time::timeout(within, gate.background(ask))
+            .await
+            .map(Some)
+            .map_err(|_| UpstreamError::Busy {
+                upstream: self.name.clone(),
+                limit: gate.limit(),
+                secs: self.timeout.as_secs(),
+            })
+    }
+
+    /// How long a call may wait for a slot, and then for the response
+    /// headers (`timeout_secs`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub fn serves(&self, model: &str) -> bool {

@@ -45,6 +45,7 @@ async fn metric_families_with_known_labels_are_there_at_zero_before_any_event() 
         "recall_trimmed_messages_total{scope=\"history\",reason=\"max_bytes\"}",
         "recall_superseded_messages_total{reason=\"regenerate\"}",
         "recall_drains_total{outcome=\"yielded\"}",
+        "recall_background_yields_total{job=\"fold\"}",
         "recall_cache_lookups_total{outcome=\"hit\"}",
         "recall_webhook_deliveries_total{outcome=\"failed\"}",
         "recall_upstream_errors_total{upstream=\"mock\"}",

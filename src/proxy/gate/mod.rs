@@ -20,10 +20,19 @@
 //! never waits for what its own cut frees, and it is never refused after
 //! cutting.
 //!
+//! recall's own background calls (summary folds, carried notes, fact
+//! extraction, embeddings) come last (`background`): a background call
+//! gets a slot only while no live request waits for one, after the live
+//! waiters, and holds it only while none does. A live request that finds
+//! no slot free tells the youngest background call to yield before it
+//! tells a drain: a drain records the complete original of what a user
+//! heard, a background call is only work to be done again.
+//!
 //! Slots pass from a holder to the next waiter directly, so that a request
 //! arriving meanwhile cannot take a slot out of turn. Which holder is asked
-//! to give its slot up is counted apart (`State::promised`): a drain told
-//! to yield, or a claimed place, is a slot coming to some waiter.
+//! to give its slot up is counted apart (`State::promised`): a drain or a
+//! background call told to yield, or a claimed place, is a slot coming to
+//! some live waiter.
 
 mod place;
 #[cfg(test)]
@@ -34,7 +43,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-use crate::proxy::cut::CutWait;
+use crate::proxy::cut::{Cut, CutWait};
 
 use place::Phase;
 pub use place::{Acquire, Place, Slot, Waiter};
@@ -46,16 +55,22 @@ pub struct Gate {
 
 #[derive(Default)]
 struct State {
-    /// Slots held, live or draining.
+    /// Slots held, live, draining or background.
     open: usize,
-    /// Requests waiting for a slot, oldest first.
+    /// Live requests waiting for a slot, oldest first.
     waiting: VecDeque<Waiting>,
+    /// Background calls waiting for a slot, oldest first: served only
+    /// when no live request waits.
+    waiting_background: VecDeque<Waiting>,
     next_id: u64,
     /// Drains holding a slot, not yet told to yield, oldest first.
     draining: VecDeque<Arc<Place>>,
-    /// Slots on their way to a waiter: drains told to yield that still
-    /// hold their slot, and places claimed by a request that will cut
-    /// their reply.
+    /// Background calls holding a slot, not yet told to yield, oldest
+    /// first.
+    background: VecDeque<Arc<Place>>,
+    /// Slots on their way to a live waiter: drains and background calls
+    /// told to yield that still hold their slot, and places claimed by a
+    /// request that will cut their reply.
     promised: usize,
 }
 
@@ -66,27 +81,45 @@ struct Waiting {
 }
 
 impl State {
-    /// Tells drains to yield until every waiter has a slot on its way.
+    /// Tells holders to yield until every live waiter has a slot on its
+    /// way.
     fn promise_slots(&mut self) {
         while self.waiting.len() > self.promised {
-            let Some(drain) = self.draining.pop_front() else {
+            if !self.ask_one() {
                 return;
-            };
-            drain.lock().ask_back();
-            self.promised += 1;
+            }
         }
     }
 
+    /// Tells one holder to give its slot up for a live waiter: the
+    /// youngest background call (the one whose work done so far is
+    /// least), else the oldest drain. `false`: none is left to ask.
+    fn ask_one(&mut self) -> bool {
+        let Some(holder) = self
+            .background
+            .pop_back()
+            .or_else(|| self.draining.pop_front())
+        else {
+            return false;
+        };
+        holder.lock().ask_back();
+        self.promised += 1;
+        true
+    }
+
     fn enqueue(&mut self, place: &Arc<Place>) -> (u64, oneshot::Receiver<()>) {
+        let (waiting, rx) = self.waiting_for(place);
+        let id = waiting.id;
+        self.waiting.push_back(waiting);
+        (id, rx)
+    }
+
+    fn waiting_for(&mut self, place: &Arc<Place>) -> (Waiting, oneshot::Receiver<()>) {
         let (tx, rx) = oneshot::channel();
         let id = self.next_id;
         self.next_id += 1;
-        self.waiting.push_back(Waiting {
-            id,
-            tx,
-            place: Arc::clone(place),
-        });
-        (id, rx)
+        let place = Arc::clone(place);
+        (Waiting { id, tx, place }, rx)
     }
 
     /// A place that can be claimed for a request that will cut its reply:
@@ -134,6 +167,13 @@ impl State {
         if let Some(claims) = claims {
             self.unclaim(&claims, place);
         }
+    }
+
+    /// A background waiter was handed a slot: it holds it until a live
+    /// request needs it.
+    fn served_background(&mut self, place: &Arc<Place>) {
+        place.lock().phase = Phase::Background;
+        self.background.push_back(Arc::clone(place));
     }
 
     /// A waiter left without a slot. If a later request claimed its place
@@ -199,9 +239,10 @@ impl Gate {
     }
 
     /// A slot for a live request that does not queue: a free one; else
-    /// one already on its way to nobody (a drain told to yield for a
-    /// waiter that left); else the slot of the oldest drain, told to
-    /// yield; else the slot of the reply this request will cut
+    /// one already on its way to nobody (a holder told to yield for a
+    /// waiter that left); else the slot of the youngest background call
+    /// or of the oldest drain, told to yield; else the slot of the reply
+    /// this request will cut
     /// (`cutting`: its session's reply in flight, claimed here, before
     /// the cut). `None`: no slot can come, and the request is refused.
     /// The returned future must be awaited only once the request has cut
@@ -213,11 +254,8 @@ impl Gate {
             return Some(Acquire::ready(self));
         }
         let place = Place::waiting();
-        if st.promised > st.waiting.len() {
-            // Nothing to ask: a slot is already on its way.
-        } else if let Some(drain) = st.draining.pop_front() {
-            drain.lock().ask_back();
-            st.promised += 1;
+        if st.promised > st.waiting.len() || st.ask_one() {
+            // A slot is on its way: already, or from a holder just asked.
         } else if let Some(claimed) = cutting.and_then(State::claimable) {
             claimed.lock().claimed_by = Some(Arc::downgrade(&place));
             place.lock().claims = Some(claimed);
@@ -229,9 +267,33 @@ impl Gate {
         Some(Acquire::waiting(self, id, place, rx))
     }
 
-    /// Requests waiting for a slot.
+    /// A slot for a background call: at once if one is free, else once
+    /// no live request waits and the background calls that waited before
+    /// it have theirs. `ask` is cut when a live request needs the slot
+    /// back: the holder must then let go of it (drop the `Slot`) at once.
+    /// Dropping the future gives up its place.
+    pub fn background(self: &Arc<Self>, ask: Arc<Cut>) -> Acquire {
+        let mut st = self.lock();
+        let place = Place::background(ask);
+        if st.open < self.limit {
+            st.open += 1;
+            st.served_background(&place);
+            return Acquire::holding(self, place);
+        }
+        let (waiting, rx) = st.waiting_for(&place);
+        let id = waiting.id;
+        st.waiting_background.push_back(waiting);
+        Acquire::waiting(self, id, place, rx)
+    }
+
+    /// Live requests waiting for a slot.
     pub fn waiting(&self) -> usize {
         self.lock().waiting.len()
+    }
+
+    /// Background calls waiting for a slot.
+    pub fn waiting_background(&self) -> usize {
+        self.lock().waiting_background.len()
     }
 
     /// The holder of `place`'s slot now drains a reply nobody waits for:
@@ -266,15 +328,23 @@ impl Gate {
             let phase = std::mem::replace(&mut p.phase, Phase::Gone);
             (phase, p.claimed_by.take().is_some())
         };
-        match phase {
-            Phase::Draining => {
-                if let Some(i) = st.draining.iter().position(|d| Arc::ptr_eq(d, place)) {
-                    st.draining.remove(i);
-                }
+        let holders = match phase {
+            Phase::Draining => Some(&mut st.draining),
+            Phase::Background => Some(&mut st.background),
+            Phase::Yielding => {
+                st.promised = st.promised.saturating_sub(1);
+                None
             }
-            Phase::Yielding => st.promised = st.promised.saturating_sub(1),
-            Phase::Holding if claimed => st.promised = st.promised.saturating_sub(1),
-            _ => {}
+            Phase::Holding if claimed => {
+                st.promised = st.promised.saturating_sub(1);
+                None
+            }
+            _ => None,
+        };
+        if let Some(holders) = holders {
+            if let Some(i) = holders.iter().position(|d| Arc::ptr_eq(d, place)) {
+                holders.remove(i);
+            }
         }
         while let Some(next) = st.waiting.pop_front() {
             if next.tx.send(()).is_ok() {
@@ -282,6 +352,15 @@ impl Gate {
                 return;
             }
             st.left(&next.place);
+        }
+        // No live request waits: the oldest background call that still
+        // does.
+        while let Some(next) = st.waiting_background.pop_front() {
+            if next.tx.send(()).is_ok() {
+                st.served_background(&next.place);
+                return;
+            }
+            next.place.lock().phase = Phase::Gone;
         }
         st.open = st.open.saturating_sub(1);
     }
@@ -292,6 +371,10 @@ impl Gate {
         if let Some(i) = st.waiting.iter().position(|w| w.id == id) {
             if let Some(w) = st.waiting.remove(i) {
                 st.left(&w.place);
+            }
+        } else if let Some(i) = st.waiting_background.iter().position(|w| w.id == id) {
+            if let Some(w) = st.waiting_background.remove(i) {
+                w.place.lock().phase = Phase::Gone;
             }
         }
     }

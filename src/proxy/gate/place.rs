@@ -26,7 +26,7 @@ pub(super) struct PlaceState {
     pub(super) claimed_by: Option<Weak<Place>>,
     /// The place this one claimed, while it waits.
     pub(super) claims: Option<Arc<Place>>,
-    /// Cut when the slot is asked back from a drain.
+    /// Cut when the slot is asked back from a drain or a background call.
     ask: Option<Arc<Cut>>,
 }
 
@@ -38,7 +38,9 @@ pub(super) enum Phase {
     Holding,
     /// Holding a slot to drain a cut reply, not asked for it.
     Draining,
-    /// Draining, and asked to give the slot up.
+    /// Holding a slot for a background call, not asked for it.
+    Background,
+    /// Draining or background, and asked to give the slot up.
     Yielding,
     /// The slot is given up, or the wait for one.
     Gone,
@@ -60,6 +62,14 @@ impl Place {
         Self::new(Phase::Waiting)
     }
 
+    /// A background call's place, waiting; `ask` is cut when its slot is
+    /// asked back.
+    pub(super) fn background(ask: Arc<Cut>) -> Arc<Self> {
+        let place = Self::new(Phase::Waiting);
+        place.lock().ask = Some(ask);
+        place
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, PlaceState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -70,7 +80,7 @@ impl PlaceState {
         self.ask.get_or_insert_with(Arc::default)
     }
 
-    /// Tells the drain to give its slot up.
+    /// Tells the drain or background call to give its slot up.
     pub(super) fn ask_back(&mut self) {
         self.phase = Phase::Yielding;
         self.ask().cut();
@@ -119,9 +129,14 @@ pub enum Acquire {
 
 impl Acquire {
     pub(super) fn ready(gate: &Arc<Gate>) -> Self {
+        Self::holding(gate, Place::new(Phase::Holding))
+    }
+
+    /// The slot `place` holds already.
+    pub(super) fn holding(gate: &Arc<Gate>, place: Arc<Place>) -> Self {
         Acquire::Ready(Some(Slot {
             gate: Arc::clone(gate),
-            place: Place::new(Phase::Holding),
+            place,
         }))
     }
 

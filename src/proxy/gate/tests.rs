@@ -1,5 +1,6 @@
 //! The gate as a request sees it: queued (`acquire`) and refused or
-//! promised (`admit`), with drains and claims.
+//! promised (`admit`), with drains and claims; and background calls
+//! (`background`), behind them all.
 
 use super::*;
 use place::Phase;
@@ -278,9 +279,161 @@ async fn a_drain_asked_by_one_gate_lets_go_of_the_other_gates_slot_too() {
     assert_eq!(counts(&inner).2, 0);
 }
 
-/// A small deterministic random walk over admits, claims, drains, waits
-/// and drops: the counts always hold, and with every holder gone every
-/// waiter gets a slot.
+/// A background call's wait for a slot, and the ask it hears when a live
+/// request needs the slot back.
+fn background(gate: &Arc<Gate>) -> (Acquire, Arc<Cut>) {
+    let ask = Arc::new(Cut::default());
+    (gate.background(Arc::clone(&ask)), ask)
+}
+
+#[tokio::test]
+async fn a_background_call_waits_behind_live_requests_even_those_that_came_later() {
+    let gate = Gate::new(1);
+    let held = gate.acquire().await;
+    let (mut bg, _) = background(&gate);
+    let mut live = Box::pin(gate.acquire());
+    assert!(soon(&mut bg).await.is_none());
+    assert!(soon(&mut live).await.is_none());
+    assert_eq!((gate.waiting(), gate.waiting_background()), (1, 1));
+    drop(held);
+    let live = soon(&mut live).await.expect("the live request first");
+    assert!(
+        soon(&mut bg).await.is_none(),
+        "not while a live one holds it"
+    );
+    drop(live);
+    let bg = soon(&mut bg).await.expect("then the background call");
+    drop(bg);
+    assert_eq!(counts(&gate), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_live_request_makes_a_background_holder_yield_and_takes_its_slot() {
+    let gate = Gate::new(1);
+    let (bg, ask) = background(&gate);
+    let bg = soon(bg).await.expect("a free slot");
+    assert!(!ask.is_cut(), "nobody waits");
+    let mut live = Box::pin(gate.acquire());
+    assert!(ask.is_cut(), "asked back");
+    assert_eq!(counts(&gate), (1, 1, 1));
+    assert!(
+        soon(&mut live).await.is_none(),
+        "not before the background call lets go"
+    );
+    drop(bg);
+    let live = soon(&mut live).await.expect("its slot");
+    assert_eq!(counts(&gate), (1, 0, 0));
+    // Made again, the background call waits for the live one to end.
+    let (mut again, ask) = background(&gate);
+    assert!(soon(&mut again).await.is_none());
+    drop(live);
+    let again = soon(&mut again).await.expect("the slot");
+    assert!(!ask.is_cut());
+    drop(again);
+    assert_eq!(counts(&gate), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn one_background_call_yields_per_live_waiter_the_youngest_first() {
+    let gate = Gate::new(2);
+    let (old, old_ask) = background(&gate);
+    let (young, young_ask) = background(&gate);
+    let (old, young) = (old.await, young.await);
+    let _first = gate.acquire();
+    assert!(young_ask.is_cut() && !old_ask.is_cut());
+    let _second = gate.acquire();
+    assert!(old_ask.is_cut());
+    drop((old, young));
+    assert_eq!(counts(&gate), (2, 0, 0), "both handed to the live waiters");
+}
+
+#[tokio::test]
+async fn a_background_waiter_is_served_when_the_live_waiters_are_gone() {
+    let gate = Gate::new(1);
+    let held = gate.acquire().await;
+    let live = gate.acquire();
+    let (mut bg, _) = background(&gate);
+    assert!(soon(&mut bg).await.is_none());
+    drop(live);
+    assert!(soon(&mut bg).await.is_none(), "the slot is still held");
+    drop(held);
+    let bg = soon(&mut bg).await.expect("no live request waits");
+    drop(bg);
+    assert_eq!(counts(&gate), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn a_background_waiter_that_gives_up_leaves_no_hole_in_the_line() {
+    let gate = Gate::new(1);
+    let held = gate.acquire().await;
+    let (quitter, _) = background(&gate);
+    let (mut handed, _) = background(&gate);
+    let (mut next, _) = background(&gate);
+    drop(quitter);
+    assert_eq!(gate.waiting_background(), 2);
+    assert!(soon(&mut handed).await.is_none());
+    drop(held); // sent to `handed`, which never takes it
+    drop(handed);
+    let next = soon(&mut next).await.expect("passed on");
+    drop(next);
+    assert_eq!(counts(&gate), (0, 0, 0));
+    assert_eq!(gate.waiting_background(), 0);
+    assert!(gate.lock().background.is_empty());
+}
+
+#[tokio::test]
+async fn background_calls_yield_before_drains_and_never_make_a_drain_yield() {
+    let gate = Gate::new(2);
+    let mut drain = gate.acquire().await;
+    let mut drain_asked = drain.draining();
+    let (bg, bg_ask) = background(&gate);
+    let bg = bg.await;
+    // A background waiter asks nobody: it waits behind the drain.
+    let (mut waiter, _) = background(&gate);
+    assert!(soon(&mut drain_asked).await.is_none());
+    assert!(!bg_ask.is_cut());
+    // A live waiter takes the background call's slot, not the drain's.
+    let mut live = Box::pin(gate.acquire());
+    assert!(bg_ask.is_cut());
+    assert!(soon(&mut drain_asked).await.is_none());
+    drop(bg);
+    let live = soon(&mut live).await.expect("the background call's slot");
+    // A second live waiter, with no background call left, asks the drain.
+    let mut second = Box::pin(gate.acquire());
+    assert!(soon(&mut drain_asked).await.is_some());
+    drop(drain);
+    let second = soon(&mut second).await.expect("the drain's slot");
+    assert!(soon(&mut waiter).await.is_none(), "both held by live ones");
+    drop((live, second));
+    let waiter = soon(&mut waiter).await.expect("at last");
+    drop(waiter);
+    assert_eq!(counts(&gate), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn admit_takes_the_slot_of_a_background_call_before_a_drains() {
+    let gate = Gate::new(2);
+    let mut drain = held(gate.admit(None));
+    let mut drain_asked = drain.draining();
+    let (bg, bg_ask) = background(&gate);
+    let bg = bg.await;
+    let mut first = Box::pin(gate.admit(None).expect("the background call yields"));
+    assert!(bg_ask.is_cut());
+    assert!(soon(&mut drain_asked).await.is_none());
+    let mut second = Box::pin(gate.admit(None).expect("then the drain"));
+    assert!(soon(&mut drain_asked).await.is_some());
+    assert!(gate.admit(None).is_none(), "nothing left to ask");
+    drop((bg, drain));
+    let slots = (soon(&mut first).await, soon(&mut second).await);
+    assert!(slots.0.is_some() && slots.1.is_some());
+    drop(slots);
+    assert_eq!(counts(&gate), (0, 0, 0));
+}
+
+/// A small deterministic random walk over admits, claims, drains, live
+/// and background waits, and drops: the counts always hold, a background
+/// call never gets a slot a live request waits for, and with every holder
+/// gone every waiter gets a slot.
 #[test]
 fn any_order_of_admits_claims_drains_and_drops_keeps_the_counts() {
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
@@ -290,25 +443,31 @@ fn any_order_of_admits_claims_drains_and_drops_keeps_the_counts() {
         seed ^= seed << 17;
         (seed % n as u64) as usize
     };
-    let mut claims = 0;
+    let (mut claims, mut yields, mut served_background) = (0, 0, 0);
     for _ in 0..500 {
         let limit = 1 + rand(3);
         let gate = Gate::new(limit);
         let mut slots: Vec<Slot> = Vec::new();
-        let mut waiters: Vec<Acquire> = Vec::new();
+        // Each with whether it is a background call's.
+        let mut waiters: Vec<(Acquire, bool)> = Vec::new();
         let mut asks = Vec::new();
+        let mut background_asks: Vec<Arc<Cut>> = Vec::new();
         for _ in 0..60 {
-            match rand(6) {
+            match rand(8) {
                 0 | 1 => {
+                    let live: Vec<&Acquire> =
+                        waiters.iter().filter(|w| !w.1).map(|w| &w.0).collect();
+                    // Only a live request's place is ever cut, so claimed
+                    // (a background holder's is not claimable).
                     let claim = match rand(3) {
                         0 if !slots.is_empty() => {
                             Some(Arc::clone(slots[rand(slots.len())].place()))
                         }
-                        1 if !waiters.is_empty() => waiters[rand(waiters.len())].place().cloned(),
+                        1 if !live.is_empty() => live[rand(live.len())].place().cloned(),
                         _ => None,
                     };
                     if let Some(a) = gate.admit(claim.as_ref()) {
-                        waiters.push(a);
+                        waiters.push((a, false));
                     }
                 }
                 2 if !slots.is_empty() => {
@@ -317,28 +476,49 @@ fn any_order_of_admits_claims_drains_and_drops_keeps_the_counts() {
                 }
                 3 if !slots.is_empty() => drop(slots.swap_remove(rand(slots.len()))),
                 4 if !waiters.is_empty() => drop(waiters.swap_remove(rand(waiters.len()))),
+                5 => waiters.push((gate.acquire(), false)),
+                6 => {
+                    let ask = Arc::new(Cut::default());
+                    waiters.push((gate.background(Arc::clone(&ask)), true));
+                    background_asks.push(ask);
+                }
                 _ => {}
             }
             // Waiters that were handed a slot take it.
             let mut still = Vec::new();
-            for mut w in waiters.drain(..) {
+            let mut background_now = false;
+            for (mut w, bg) in waiters.drain(..) {
                 match (&mut w).now_or_never() {
-                    Some(slot) => slots.push(slot),
-                    None => still.push(w),
+                    Some(slot) => {
+                        background_now |= bg;
+                        slots.push(slot);
+                    }
+                    None => still.push((w, bg)),
                 }
             }
             waiters = still;
             let (open, waiting, promised) = counts(&gate);
+            let st = gate.lock();
             assert!(open <= limit);
-            assert!(waiting == 0 || open == limit, "a waiter beside a free slot");
             assert!(
-                waiting <= promised || gate.lock().draining.is_empty(),
-                "a waiter without a slot on its way beside a drain not asked"
+                (waiting == 0 && st.waiting_background.is_empty()) || open == limit,
+                "a waiter beside a free slot"
             );
+            assert!(
+                !background_now || waiting == 0,
+                "a background call served while a live request waits"
+            );
+            assert!(
+                waiting <= promised || (st.draining.is_empty() && st.background.is_empty()),
+                "a live waiter without a slot on its way beside a holder not asked"
+            );
+            served_background += usize::from(background_now);
+            claims += usize::from(st.waiting.iter().any(|w| w.place.lock().claims.is_some()));
+            drop(st);
             let places = slots
                 .iter()
                 .map(Slot::place)
-                .chain(waiters.iter().filter_map(Acquire::place));
+                .chain(waiters.iter().filter_map(|w| w.0.place()));
             let on_their_way: usize = places
                 .map(|p| {
                     let p = p.lock();
@@ -348,22 +528,17 @@ fn any_order_of_admits_claims_drains_and_drops_keeps_the_counts() {
                 })
                 .sum();
             assert_eq!(promised, on_their_way, "promises miscounted");
-            claims += usize::from(
-                gate.lock()
-                    .waiting
-                    .iter()
-                    .any(|w| w.place.lock().claims.is_some()),
-            );
         }
+        yields += background_asks.iter().filter(|a| a.is_cut()).count();
         // Every holder lets go: each waiter left gets a slot in turn.
         while !slots.is_empty() || !waiters.is_empty() {
             slots.clear();
             let before = waiters.len();
             let mut still = Vec::new();
-            for mut w in waiters.drain(..) {
+            for (mut w, bg) in waiters.drain(..) {
                 match (&mut w).now_or_never() {
                     Some(slot) => slots.push(slot),
-                    None => still.push(w),
+                    None => still.push((w, bg)),
                 }
             }
             waiters = still;
@@ -373,7 +548,14 @@ fn any_order_of_admits_claims_drains_and_drops_keeps_the_counts() {
             );
         }
         assert_eq!(counts(&gate), (0, 0, 0));
-        assert!(gate.lock().draining.is_empty());
+        let st = gate.lock();
+        assert!(st.draining.is_empty() && st.background.is_empty());
+        assert!(st.waiting_background.is_empty());
     }
     assert!(claims > 100, "the walk hardly claimed: {claims}");
+    assert!(yields > 100, "background calls hardly yielded: {yields}");
+    assert!(
+        served_background > 100,
+        "background calls hardly served: {served_background}"
+    );
 }
