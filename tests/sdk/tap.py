@@ -118,7 +118,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
-            entry["status"] = resp.status
+            # Answered whole: a close from here on is the client's own.
+            done.set()
+            if entry["status"] is None:
+                entry["status"] = resp.status
         except (BrokenPipeError, ConnectionResetError, OSError, http.client.HTTPException):
             # The client (recall) went away: so does our request, which
             # lets the server stop generating.
@@ -138,6 +141,8 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 readable, _, _ = select.select([client], [], [], 0.05)
                 if readable and client.recv(1, socket.MSG_PEEK) == b"":
+                    if done.is_set():
+                        return
                     entry["status"] = "cut"
                     if upstream.sock is not None:
                         upstream.sock.shutdown(socket.SHUT_RDWR)

@@ -194,3 +194,80 @@ def test_a_barge_in_does_not_wait_for_the_cut_reply(stacks, sid):
     assert essay["ended"] <= entries[1]["started"] + 0.05, (essay, entries[1])
     print(f"\nbarge-in answered in {took:.2f} s; the cut reply's request ran "
           f"{essay['ended'] - essay['started']:.2f} s and was closed as the barge-in's began")
+
+
+def test_a_live_turn_with_background_jobs_due_does_not_wait_for_them(stacks, sid):
+    """A fold and an extraction due after every turn, on the one slot the
+    live turns use: each live request reaches the server with nothing of
+    recall's own in flight there (a background call in flight was closed
+    first, and is made again later)."""
+    lines = ["Hi, I'm Lan. I work as a nurse in Hanoi.",
+             "I am allergic to peanuts.",
+             "I have two daughters, Mai and Lan.",
+             "We are planning a trip to Da Nang.",
+             "What snack should I bring to the party?"]
+
+    sent_at = []
+
+    def turns(stack, session):
+        c = client(stack, session, user=f"user-{session}")
+        took = []
+        sent_at.clear()
+        for line in lines:
+            started = time.monotonic()  # the tap's clock too: CLOCK_MONOTONIC
+            sent_at.append(started)
+            say(c, line, max_tokens=24)
+            took.append(time.monotonic() - started)
+        return took
+
+    plain = stacks(window_messages=2)
+    baseline = turns(plain, sid + "-plain")
+    jobs = stacks("""
+[memory]
+summarize = true
+summary_model = "smollm2"
+summary_every_messages = 2
+
+[long_term]
+enabled = true
+extract_model = "smollm2"
+embedding_model = "embedder"
+extract_every_turns = 1
+
+[[upstreams]]
+name = "embeddings"
+base_url = "mock://echo"
+models = ["embedder"]
+""", window_messages=2, upstream_config='models = ["smollm2"]\nmax_concurrent = 1\ntimeout_secs = 300')
+    with_jobs = turns(jobs, sid)
+    # Let the jobs of the last turn reach the server too.
+    time.sleep(3)
+    entries = [e for e in jobs.entries() if e["path"].endswith("/chat/completions")]
+    live = [e for e in entries if e["body"]["messages"][0]["content"] == "You are recall's SDK test assistant."]
+    background = [e for e in entries if e not in live]
+    assert len(live) == len(lines)
+    assert background, "no background call reached the server"
+    for sent, turn in zip(sent_at, live):
+        for job in background:
+            overlapped = job["started"] < turn["started"] and (job["ended"] is None or job["ended"] > turn["started"] + 0.05)
+            assert not overlapped, f"a background call was in flight when a live turn reached the server: {job} {turn}"
+            # Nor did the live turn wait in recall for one to finish.
+            waited = job["status"] == 200 and sent < job["ended"] <= turn["started"]
+            assert not waited, f"a live turn waited for a background call to finish: {job} {turn} (sent {sent})"
+    cut = [e for e in background if e["status"] == "cut"]
+    t0 = entries[0]["started"]
+    for e in entries:
+        kind = "live" if e in live else "job "
+        end = f"{e['ended'] - t0:7.2f}" if e["ended"] else "   open"
+        print(f"  {kind} {e['started'] - t0:7.2f} .. {end} {e['status']} max_tokens={e['body'].get('max_tokens')}")
+    print("  sent at " + " ".join(f"{t - t0:.2f}" for t in sent_at))
+    _, metrics = __import__("launch").http("GET", f"{jobs.recall_url}/metrics")
+    yields = sum(float(line.rsplit(" ", 1)[1]) for line in str(metrics).splitlines()
+                 if line.startswith("recall_background_yields_total{"))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print(f"\nlive turns without background jobs: median {med(baseline):.2f} s, slowest {max(baseline):.2f} s;"
+          f" with a fold and an extraction due every turn: median {med(with_jobs):.2f} s, slowest"
+          f" {max(with_jobs):.2f} s ({med(with_jobs) / med(baseline):.2f}x); {len(background)} background"
+          f" calls, {len(cut)} cut for a live turn, {yields:.0f} yields counted")
+    assert yields == len(cut), (yields, cut)
+    assert all(e["status"] == 200 for e in live), live
