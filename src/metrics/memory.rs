@@ -121,6 +121,12 @@ impl LeftOut {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepDownLabels {
+    upstream: String,
+    refused: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JobLabels {
     job: &'static str,
     outcome: &'static str,
@@ -137,6 +143,7 @@ pub struct MemoryMetrics {
     long_term_seconds: Histogram,
     records: Family<ChangeLabels, Counter>,
     facts_left_out: Family<LeftOutLabels, Counter>,
+    step_downs: Family<StepDownLabels, Counter>,
 }
 
 impl MemoryMetrics {
@@ -198,6 +205,12 @@ impl MemoryMetrics {
             ),
             facts_left_out.clone(),
         );
+        let step_downs = Family::<StepDownLabels, Counter>::default();
+        registry.register(
+            "structured_output_step_downs",
+            "Requests of recall's own model calls refused for their response_format (refused: json_schema or json_object), each asked again at once the next way; not failures of the model",
+            step_downs.clone(),
+        );
         for reason in [LeftOut::OverMaxFacts, LeftOut::TooLong] {
             facts_left_out
                 .get_or_create(&LeftOutLabels {
@@ -241,6 +254,7 @@ impl MemoryMetrics {
             long_term_seconds,
             records,
             facts_left_out,
+            step_downs,
         }
     }
 
@@ -305,6 +319,17 @@ impl MemoryMetrics {
                 change: change.label(),
             })
             .inc_by(n as u64);
+    }
+
+    /// A request to `upstream` refused for its `response_format` of type
+    /// `refused`.
+    pub fn structured_step_down(&self, upstream: &str, refused: &'static str) {
+        self.step_downs
+            .get_or_create(&StepDownLabels {
+                upstream: upstream.to_owned(),
+                refused,
+            })
+            .inc();
     }
 
     pub fn facts_left_out(&self, reason: LeftOut, n: usize) {
