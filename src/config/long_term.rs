@@ -112,6 +112,10 @@ pub struct LongTermConfig {
     /// per strategy; the model's answer would otherwise set how many
     /// embeddings an extraction asks for.
     pub max_facts_per_answer: usize,
+    /// The `max_tokens` an extraction asks for. Unset: `facts_tokens` of
+    /// `max_facts_per_answer`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extract_max_tokens: Option<u32>,
     /// Model calls of long-term jobs running at once, over all sessions.
     pub concurrency: usize,
     /// How long one model call may take.
@@ -137,6 +141,7 @@ impl Default for LongTermConfig {
             inline_timeout_ms: 300,
             max_records_per_user: 1000,
             max_facts_per_answer: 50,
+            extract_max_tokens: None,
             concurrency: 4,
             timeout_secs: 30,
             attempts: 3,
@@ -144,7 +149,32 @@ impl Default for LongTermConfig {
     }
 }
 
+/// Tokens of one fact in an extraction answer, as `{"text": "..."}, `:
+/// a sentence of about 60 characters.
+const FACT_TOKENS: u32 = 24;
+/// The answer's own `{"facts": [...]}` and a fence or a preamble.
+const ANSWER_TOKENS: u32 = 32;
+/// The derived `max_tokens` of an extraction is at most this: past it, a
+/// model is rambling, not listing facts.
+pub const MAX_DERIVED_EXTRACT_TOKENS: u32 = 4096;
+
+/// The `max_tokens` that lets an extraction answer hold `facts` facts of
+/// a typical length.
+pub fn facts_tokens(facts: usize) -> u32 {
+    let facts = u32::try_from(facts).unwrap_or(u32::MAX);
+    facts
+        .saturating_mul(FACT_TOKENS)
+        .saturating_add(ANSWER_TOKENS)
+        .min(MAX_DERIVED_EXTRACT_TOKENS)
+}
+
 impl LongTermConfig {
+    /// The `max_tokens` of an extraction.
+    pub fn extract_max_tokens(&self) -> u32 {
+        self.extract_max_tokens
+            .unwrap_or_else(|| facts_tokens(self.max_facts_per_answer))
+    }
+
     /// The configured strategies, or the default one.
     pub fn strategies(&self) -> Vec<Strategy> {
         if !self.strategies.is_empty() {
@@ -200,6 +230,12 @@ impl LongTermConfig {
         ] {
             if value == 0 {
                 return fail(key, "must be at least 1".into());
+            }
+        }
+        if let Some(n) = self.extract_max_tokens {
+            if !(1..=super::MAX_ANSWER_TOKENS).contains(&n) {
+                let max = super::MAX_ANSWER_TOKENS;
+                return fail("extract_max_tokens", format!("must be from 1 to {max}"));
             }
         }
         let mut names: Vec<&str> = Vec::new();

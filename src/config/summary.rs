@@ -38,6 +38,10 @@ pub struct MemoryConfig {
     pub summary_max_lag_messages: usize,
     /// A longer answer is not a summary, and is refused.
     pub summary_max_chars: usize,
+    /// The `max_tokens` a fold asks for. Unset: `tokens_for_chars` of
+    /// `summary_max_chars`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary_max_tokens: Option<u32>,
     /// Summary jobs running at once, over all sessions.
     pub summary_concurrency: usize,
     /// How long one call of the summary model may take.
@@ -51,6 +55,10 @@ pub struct MemoryConfig {
     pub carry_over_template: String,
     /// The note the summary model is asked to stay within.
     pub carry_over_max_chars: usize,
+    /// The `max_tokens` a note asks for. Unset: `tokens_for_chars` of the
+    /// longest note kept, twice `carry_over_max_chars`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carry_over_max_tokens: Option<u32>,
 }
 
 impl Default for MemoryConfig {
@@ -64,6 +72,7 @@ impl Default for MemoryConfig {
             summary_every_tokens: 0,
             summary_max_lag_messages: 50,
             summary_max_chars: 4000,
+            summary_max_tokens: None,
             summary_concurrency: 4,
             summary_timeout_secs: 60,
             summary_attempts: 3,
@@ -71,6 +80,7 @@ impl Default for MemoryConfig {
             carry_over_prompt: DEFAULT_CARRY_OVER_PROMPT.into(),
             carry_over_template: "Previously, the user talked about: {note}".into(),
             carry_over_max_chars: 2000,
+            carry_over_max_tokens: None,
         }
     }
 }
@@ -80,4 +90,41 @@ impl MemoryConfig {
     pub fn uses_model(&self) -> bool {
         self.summarize || self.carry_over
     }
+
+    /// The `max_tokens` of a fold.
+    pub fn summary_max_tokens(&self) -> u32 {
+        self.summary_max_tokens
+            .unwrap_or_else(|| tokens_for_chars(self.summary_max_chars))
+    }
+
+    /// The longest note kept: a model asked to stay within
+    /// `carry_over_max_chars` may overshoot a little, twice that is no
+    /// longer a note.
+    pub fn note_max_chars(&self) -> usize {
+        self.carry_over_max_chars.saturating_mul(2)
+    }
+
+    /// The `max_tokens` of a note.
+    pub fn note_max_tokens(&self) -> u32 {
+        self.carry_over_max_tokens
+            .unwrap_or_else(|| tokens_for_chars(self.note_max_chars()))
+    }
+}
+
+/// The most a `*_max_tokens` key may be.
+pub const MAX_ANSWER_TOKENS: u32 = 1_000_000;
+
+/// Tokens allowed beyond an answer's characters / 3: a preamble or a
+/// closing line the answer is trimmed of.
+const HEADROOM_TOKENS: u32 = 64;
+
+/// The `max_tokens` that lets a model write `chars` characters: a token
+/// is three characters or more in the languages most tokenizers are
+/// trained on (about four in English), so an answer cut at this many
+/// tokens is past `chars` already, and would be refused anyway.
+pub fn tokens_for_chars(chars: usize) -> u32 {
+    let tokens = chars.div_ceil(3).saturating_add(HEADROOM_TOKENS as usize);
+    u32::try_from(tokens)
+        .unwrap_or(u32::MAX)
+        .min(MAX_ANSWER_TOKENS)
 }

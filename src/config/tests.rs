@@ -244,3 +244,67 @@ fn memory_needs_a_routed_summary_model_and_sane_values() {
     .unwrap();
     assert!(ok.memory.uses_model());
 }
+
+#[test]
+fn background_calls_are_bounded_by_derived_or_configured_max_tokens() {
+    let c = parse(UPSTREAM).unwrap();
+    // chars / 3, rounded up, + 64; a note's longest is twice its size.
+    assert_eq!(c.memory.summary_max_tokens(), 4000_u32.div_ceil(3) + 64);
+    assert_eq!(c.memory.note_max_tokens(), 4000_u32.div_ceil(3) + 64);
+    // 50 facts of 24 tokens, + 32; capped.
+    assert_eq!(c.long_term.extract_max_tokens(), 50 * 24 + 32);
+    assert_eq!(facts_tokens(100_000), MAX_DERIVED_EXTRACT_TOKENS);
+    assert_eq!(tokens_for_chars(usize::MAX), MAX_ANSWER_TOKENS);
+    let set = parse(&format!(
+        "[memory]\nsummary_max_chars = 100\nsummary_max_tokens = 500\ncarry_over_max_chars = 10\n\
+         [long_term]\nmax_facts_per_answer = 2\n{UPSTREAM}"
+    ))
+    .unwrap();
+    assert_eq!(set.memory.summary_max_tokens(), 500);
+    assert_eq!(set.memory.note_max_tokens(), 7 + 64);
+    assert_eq!(set.long_term.extract_max_tokens(), 2 * 24 + 32);
+
+    let memory = "[memory]\nsummarize = true\nsummary_model = \"m\"\n";
+    let long_term = "[long_term]\nenabled = true\nextract_model = \"m\"\nembedding_model = \"m\"\n";
+    for (extra, key) in [
+        (
+            format!("{memory}summary_max_tokens = 0"),
+            "memory.summary_max_tokens",
+        ),
+        (
+            format!("{memory}carry_over_max_tokens = 1000001"),
+            "memory.carry_over_max_tokens",
+        ),
+        (
+            format!("{long_term}extract_max_tokens = 0"),
+            "long_term.extract_max_tokens",
+        ),
+    ] {
+        let e = parse(&format!("{extra}\n{UPSTREAM}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{extra}: {e}");
+    }
+}
+
+#[test]
+fn structured_output_is_auto_unless_pinned() {
+    let c = parse(UPSTREAM).unwrap();
+    assert_eq!(c.upstreams[0].structured_output, StructuredOutput::Auto);
+    for (word, way) in [
+        ("json_schema", StructuredOutput::JsonSchema),
+        ("json_object", StructuredOutput::JsonObject),
+        ("none", StructuredOutput::None),
+        ("auto", StructuredOutput::Auto),
+    ] {
+        let c = parse(&format!("{UPSTREAM}structured_output = \"{word}\"\n")).unwrap();
+        assert_eq!(c.upstreams[0].structured_output, way);
+        // What `recall check` prints parses back the same.
+        let again = parse(&c.masked_toml()).unwrap();
+        assert_eq!(again.upstreams[0].structured_output, way);
+    }
+    let e = parse(&format!("{UPSTREAM}structured_output = \"grammar\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("structured_output"), "{e}");
+}

@@ -39,6 +39,22 @@ pub enum Roles {
     Alternate,
 }
 
+/// How recall asks this upstream for an answer of a given shape (its
+/// own extraction calls): `response_format` of type `json_schema`, of type
+/// `json_object` with the schema beside it (llama-cpp-python's server), or
+/// none (the prompt alone says what to write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum StructuredOutput {
+    /// `json_schema` first; a refusal that names the field steps down to
+    /// the next, remembered for the process.
+    #[default]
+    Auto,
+    JsonSchema,
+    JsonObject,
+    None,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
@@ -87,6 +103,9 @@ pub struct UpstreamConfig {
     /// only while no live request waits.
     #[serde(default)]
     pub max_concurrent: usize,
+    /// How recall's own calls that expect a shape ask for it.
+    #[serde(default)]
+    pub structured_output: StructuredOutput,
     /// `mock://` upstreams only: the wait before each streamed content
     /// chunk. Unset: `DEFAULT_CHUNK_DELAY_MS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

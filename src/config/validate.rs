@@ -247,6 +247,14 @@ impl Config {
                 return Err((key, "must be at least 1".into()));
             }
         }
+        for (key, value) in [
+            ("summary_max_tokens", m.summary_max_tokens),
+            ("carry_over_max_tokens", m.carry_over_max_tokens),
+        ] {
+            if value.is_some_and(|n| !(1..=MAX_ANSWER_TOKENS).contains(&n)) {
+                return Err((key, format!("must be from 1 to {MAX_ANSWER_TOKENS}")));
+            }
+        }
         let h = &self.history;
         if m.summarize
             && h.max_messages != 0

@@ -16,7 +16,8 @@ use crate::config::{LongTermConfig, Strategy};
 use crate::memory::long_term::{self as lt, Fact, NewFact, Origin, Record};
 use crate::memory::session::{Extraction, Query};
 use crate::metrics::{Job, JobOutcome, LeftOut, RecordChange};
-use crate::models::{ChatModel, EmbeddingModel, ModelError, Runner, RunnerLimits};
+use crate::models::structured::Shape;
+use crate::models::{Ask, ChatModel, EmbeddingModel, ModelError, Runner, RunnerLimits};
 use crate::store::{Records, Storage, StorageError};
 
 #[derive(Debug, thiserror::Error)]
@@ -119,16 +120,33 @@ impl LongTerm {
         let mut found: Vec<(String, &Strategy, String)> = Vec::new();
         let (mut left_out, mut too_long) = (0, 0);
         for s in &self.strategies {
-            let prompt = lt::extract_prompt(s.prompt(), &ex.messages);
+            let ask = Ask {
+                messages: lt::extract_prompt(s.prompt(), &ex.messages),
+                max_tokens: self.config.extract_max_tokens(),
+                shape: Some(Shape {
+                    name: lt::FACTS_SCHEMA_NAME,
+                    schema: lt::facts_schema(),
+                }),
+            };
             let facts = self
                 .runner
                 .run(Job::Extract, || async {
-                    let answer = self.chat.complete(prompt.clone()).await?;
-                    Ok(lt::facts(&answer, self.config.max_facts_per_answer)?)
+                    let answer = self.chat.complete(&ask).await?;
+                    let max = self.config.max_facts_per_answer;
+                    Ok(lt::facts(&answer.text, max, answer.cut_off)?)
                 })
                 .await;
             let facts = match facts {
                 Ok(f) => {
+                    if f.cut_off {
+                        tracing::warn!(
+                            session = %ex.session,
+                            strategy = %s.name,
+                            max_tokens = ask.max_tokens,
+                            kept = f.kept.len(),
+                            "an extraction answer stopped at max_tokens: its whole facts are stored, the rest is lost (long_term.extract_max_tokens)"
+                        );
+                    }
                     left_out += f.left_out;
                     too_long += f.too_long;
                     f.kept

@@ -345,11 +345,18 @@ pub enum Rejected {
     Empty,
     #[error("the summary model answered {0} characters, more than the {1} allowed")]
     TooLong(usize, usize),
+    #[error("the summary model stopped at max_tokens: its answer is cut off (memory.summary_max_tokens, carry_over_max_tokens)")]
+    CutOff,
 }
 
 /// What of the model's answer is kept: its text, trimmed, if there is
-/// some and it fits in `max_chars`.
-pub fn accept(answer: &str, max_chars: usize) -> Result<String, Rejected> {
+/// some, it fits in `max_chars`, and the model did not stop at
+/// `max_tokens` (`cut_off`): a summary's end may be what it says last of
+/// the conversation, and a cut one would be stored as if it were whole.
+pub fn accept(answer: &str, max_chars: usize, cut_off: bool) -> Result<String, Rejected> {
+    if cut_off {
+        return Err(Rejected::CutOff);
+    }
     let text = answer.trim();
     if text.is_empty() {
         return Err(Rejected::Empty);

@@ -127,6 +127,12 @@ struct JobOnlyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepDownLabels {
+    upstream: String,
+    refused: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JobLabels {
     job: &'static str,
     outcome: &'static str,
@@ -144,6 +150,7 @@ pub struct MemoryMetrics {
     records: Family<ChangeLabels, Counter>,
     facts_left_out: Family<LeftOutLabels, Counter>,
     background_yields: Family<JobOnlyLabels, Counter>,
+    step_downs: Family<StepDownLabels, Counter>,
 }
 
 impl MemoryMetrics {
@@ -211,6 +218,12 @@ impl MemoryMetrics {
             "Background model calls, by job, cut to give their upstream slot (max_concurrent) to a live request, and made again: not failed attempts",
             background_yields.clone(),
         );
+        let step_downs = Family::<StepDownLabels, Counter>::default();
+        registry.register(
+            "structured_output_step_downs",
+            "Requests of recall's own model calls refused for their response_format (refused: json_schema or json_object), each asked again at once the next way; not failures of the model",
+            step_downs.clone(),
+        );
         for reason in [LeftOut::OverMaxFacts, LeftOut::TooLong] {
             facts_left_out
                 .get_or_create(&LeftOutLabels {
@@ -258,6 +271,7 @@ impl MemoryMetrics {
             records,
             facts_left_out,
             background_yields,
+            step_downs,
         }
     }
 
@@ -336,6 +350,17 @@ impl MemoryMetrics {
                 change: change.label(),
             })
             .inc_by(n as u64);
+    }
+
+    /// A request to `upstream` refused for its `response_format` of type
+    /// `refused`.
+    pub fn structured_step_down(&self, upstream: &str, refused: &'static str) {
+        self.step_downs
+            .get_or_create(&StepDownLabels {
+                upstream: upstream.to_owned(),
+                refused,
+            })
+            .inc();
     }
 
     pub fn facts_left_out(&self, reason: LeftOut, n: usize) {

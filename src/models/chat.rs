@@ -1,7 +1,8 @@
 //! A chat model recall asks for itself (summaries, notes, facts):
 //! `ChatModel`, and its implementation over a configured upstream (a
-//! plain, non-streaming chat completion). `ModelError` is why any of
-//! recall's own model calls gave nothing.
+//! non-streaming chat completion, bounded by `max_tokens`, with a
+//! `response_format` when an answer of a shape is asked for). `ModelError`
+//! is why any of recall's own model calls gave nothing.
 
 use std::sync::Arc;
 
@@ -10,9 +11,12 @@ use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+use super::structured::{self, Format, Formats, Shape};
+use crate::config::StructuredOutput;
 use crate::error::UpstreamError;
 use crate::memory::long_term::Malformed;
 use crate::memory::summary::Rejected;
+use crate::metrics::Metrics;
 use crate::proxy::client;
 use crate::proxy::upstream::Upstream;
 
@@ -44,16 +48,99 @@ impl From<ModelError> for crate::error::ApiError {
     }
 }
 
+/// What recall asks a chat model for.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub messages: Vec<Value>,
+    /// The longest answer, in the model's tokens: a background call never
+    /// holds a model for as long as it likes.
+    pub max_tokens: u32,
+    /// The answer's shape; none: plain text.
+    pub shape: Option<Shape>,
+}
+
+/// A model's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub text: String,
+    /// The model stopped at `max_tokens` (`finish_reason: "length"`): the
+    /// text is not all it meant to write.
+    pub cut_off: bool,
+}
+
 /// A chat model that answers a list of messages with text.
 pub trait ChatModel: Send + Sync {
     fn name(&self) -> &str;
-    fn complete(&self, messages: Vec<Value>) -> BoxFuture<'_, Result<String, ModelError>>;
+    fn complete<'a>(&'a self, ask: &'a Ask) -> BoxFuture<'a, Result<Answer, ModelError>>;
 }
 
 /// A chat model as an upstream serves it.
 pub struct UpstreamChat {
-    pub upstream: Arc<Upstream>,
-    pub model: String,
+    upstream: Arc<Upstream>,
+    model: String,
+    /// How this upstream takes a shape, as configured or learnt.
+    formats: Formats,
+    metrics: Arc<Metrics>,
+}
+
+impl UpstreamChat {
+    pub fn new(
+        upstream: Arc<Upstream>,
+        model: String,
+        structured: StructuredOutput,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            upstream,
+            model,
+            formats: Formats::new(structured),
+            metrics,
+        }
+    }
+
+    async fn ask(&self, ask: &Ask, response_format: Option<Value>) -> Result<Answer, ModelError> {
+        let mut body = json!({
+            "model": self.model, "messages": ask.messages, "stream": false,
+            "max_tokens": ask.max_tokens,
+        });
+        if let Some(f) = response_format {
+            body["response_format"] = f;
+        }
+        answer(&call(&self.upstream, None, &body).await?)
+    }
+
+    /// `ask` with its shape asked for the way the upstream takes, stepping
+    /// down at once on a refusal: the model did not fail, the request did.
+    async fn ask_shaped(&self, ask: &Ask, shape: &Shape) -> Result<Answer, ModelError> {
+        let mut format = self.formats.current();
+        loop {
+            let (status, message) = match self.ask(ask, format.response_format(shape)).await {
+                Err(ModelError::Status { status, message }) => (status, message),
+                other => return other,
+            };
+            let step = structured::refused(format, status, &message)
+                .then(|| self.formats.step_down(format))
+                .flatten();
+            let Some(step) = step else {
+                return Err(ModelError::Status { status, message });
+            };
+            self.metrics
+                .memory
+                .structured_step_down(&self.upstream.name, format.label());
+            if step.moved {
+                tracing::warn!(
+                    upstream = %self.upstream.name,
+                    model = %self.model,
+                    refused = format.label(),
+                    next = step.next.label(),
+                    status,
+                    error = %message,
+                    "the upstream refused this response_format; asking the next way from now on (pin it with structured_output)"
+                );
+            }
+            format = step.next;
+        }
+    }
 }
 
 impl ChatModel for UpstreamChat {
@@ -61,10 +148,14 @@ impl ChatModel for UpstreamChat {
         &self.model
     }
 
-    fn complete(&self, messages: Vec<Value>) -> BoxFuture<'_, Result<String, ModelError>> {
+    fn complete<'a>(&'a self, ask: &'a Ask) -> BoxFuture<'a, Result<Answer, ModelError>> {
         Box::pin(async move {
-            let body = json!({"model": self.model, "messages": messages, "stream": false});
-            answer_text(&call(&self.upstream, None, &body).await?)
+            match &ask.shape {
+                Some(shape) if self.formats.current() != Format::Plain => {
+                    self.ask_shaped(ask, shape).await
+                }
+                _ => self.ask(ask, None).await,
+            }
         })
     }
 }
@@ -116,22 +207,74 @@ async fn read(upstream: &Upstream, resp: client::Response) -> Result<Vec<u8>, Mo
     Ok(all)
 }
 
-/// The text of a chat completion's first choice.
-pub(crate) fn answer_text(body: &[u8]) -> Result<String, ModelError> {
+/// The text of a chat completion's first choice, and whether it stopped
+/// at `max_tokens`.
+pub(crate) fn answer(body: &[u8]) -> Result<Answer, ModelError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| ModelError::NotACompletion(e.to_string()))?;
-    match &v["choices"][0]["message"]["content"] {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        other => Err(ModelError::NotACompletion(format!(
-            "its content is {other}"
-        ))),
+    let choice = &v["choices"][0];
+    let text = match &choice["message"]["content"] {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => {
+            return Err(ModelError::NotACompletion(format!(
+                "its content is {other}"
+            )))
+        }
+    };
+    Ok(Answer {
+        text,
+        cut_off: choice["finish_reason"] == "length",
+    })
+}
+
+/// The longest error text kept from an answer that is not JSON.
+const ERROR_CHARS: usize = 500;
+
+/// What an error answer says: OpenAI's `error.message` (with its `param`),
+/// a bare `message` (vLLM), FastAPI's `detail`, or the body's start.
+fn error_message(body: &[u8]) -> String {
+    let raw = || String::from_utf8_lossy(&body[..body.len().min(ERROR_CHARS)]).into_owned();
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return raw();
+    };
+    let error = &v["error"];
+    let message = error["message"]
+        .as_str()
+        .or_else(|| error.as_str())
+        .or_else(|| v["message"].as_str())
+        .map(str::to_owned)
+        .or_else(|| (!v["detail"].is_null()).then(|| v["detail"].to_string()));
+    match (message, error["param"].as_str()) {
+        (Some(m), Some(param)) => format!("{m} (param: {param})"),
+        (Some(m), None) => m,
+        (None, _) => raw(),
     }
 }
 
-fn error_message(body: &[u8]) -> String {
-    serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_answer_says_what_its_server_says() {
+        // OpenAI's shape, with the field it names.
+        let openai = br#"{"error": {"message": "Invalid parameter", "type": "invalid_request_error", "param": "response_format", "code": null}}"#;
+        assert_eq!(
+            error_message(openai),
+            "Invalid parameter (param: response_format)"
+        );
+        // vLLM's bare message, a plain string error, FastAPI's detail.
+        let vllm = br#"{"object": "error", "message": "bad type", "type": "BadRequestError", "code": 400}"#;
+        assert_eq!(error_message(vllm), "bad type");
+        assert_eq!(error_message(br#"{"error": "overloaded"}"#), "overloaded");
+        let fastapi = br#"{"detail": [{"loc": ["body", "response_format", "type"]}]}"#;
+        assert_eq!(
+            error_message(fastapi),
+            r#"[{"loc":["body","response_format","type"]}]"#
+        );
+        // Not JSON: its start.
+        let html = "<html>".repeat(200);
+        assert_eq!(error_message(html.as_bytes()), html[..ERROR_CHARS]);
+    }
 }

@@ -56,6 +56,28 @@ pub struct App {
     pub console: Option<Console>,
 }
 
+/// `model` as its upstream serves recall's own calls, with that
+/// upstream's `structured_output`.
+fn chat_model(
+    config: &Config,
+    upstreams: &Upstreams,
+    model: &str,
+    metrics: &Arc<Metrics>,
+) -> Option<UpstreamChat> {
+    // Built from the configs in their order: the first that serves the
+    // model is `route`'s.
+    let (upstream, c) = upstreams
+        .iter()
+        .zip(&config.upstreams)
+        .find(|(u, _)| u.serves(model))?;
+    Some(UpstreamChat::new(
+        Arc::clone(upstream),
+        model.to_owned(),
+        c.structured_output,
+        Arc::clone(metrics),
+    ))
+}
+
 /// Long-term memory, when enabled (validation made sure both its models
 /// are routed).
 fn long_term(
@@ -71,10 +93,7 @@ fn long_term(
     }
     let (extract, embed) = (c.extract_model.as_ref()?, c.embedding_model.as_ref()?);
     let parts = Parts {
-        chat: Arc::new(UpstreamChat {
-            upstream: Arc::clone(upstreams.route(extract)?),
-            model: extract.clone(),
-        }),
+        chat: Arc::new(chat_model(config, upstreams, extract, metrics)?),
         embedder: Arc::new(UpstreamEmbedding {
             upstream: Arc::clone(upstreams.route(embed)?),
             model: embed.clone(),
@@ -157,11 +176,7 @@ impl App {
             .as_ref()
             .filter(|_| config.memory.uses_model())
             .and_then(|model| {
-                let upstream = Arc::clone(upstreams.route(model)?);
-                let model = Arc::new(UpstreamChat {
-                    upstream,
-                    model: model.clone(),
-                });
+                let model = Arc::new(chat_model(&config, &upstreams, model, &metrics)?);
                 Some(Arc::new(Summarizer::new(
                     config.memory.clone(),
                     model,

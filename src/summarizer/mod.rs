@@ -8,7 +8,7 @@
 
 pub mod carry;
 
-pub use crate::models::{ChatModel, ModelError, UpstreamChat};
+pub use crate::models::{Answer, Ask, ChatModel, ModelError, UpstreamChat};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,9 +59,13 @@ impl Summarizer {
     /// The new running summary for `fold`.
     pub async fn fold(&self, fold: &Fold) -> Result<Written, ModelError> {
         let messages = summary::prompt(&self.config.summary_prompt, fold);
-        let text = self
-            .ask(Job::Fold, messages, self.config.summary_max_chars)
-            .await?;
+        let c = &self.config;
+        let ask = Ask {
+            messages,
+            max_tokens: c.summary_max_tokens(),
+            shape: None,
+        };
+        let text = self.ask(Job::Fold, &ask, c.summary_max_chars).await?;
         // Counted as chars / 4: the summary model's tokenizer is not the
         // chat model's, and this only feeds a metric.
         let covered_tokens = fold
@@ -77,23 +81,25 @@ impl Summarizer {
 
     /// The user's note with an ended session's `summary` folded in.
     pub async fn note(&self, note: Option<&str>, summary: &str) -> Result<String, ModelError> {
-        let max = self.config.carry_over_max_chars;
-        let messages = summary::carry_prompt(&self.config.carry_over_prompt, note, summary, max);
-        // A model asked to stay within `max` may overshoot a little; twice
-        // that is no longer a note.
-        self.ask(Job::Note, messages, max.saturating_mul(2)).await
+        let c = &self.config;
+        let ask = Ask {
+            messages: summary::carry_prompt(
+                &c.carry_over_prompt,
+                note,
+                summary,
+                c.carry_over_max_chars,
+            ),
+            max_tokens: c.note_max_tokens(),
+            shape: None,
+        };
+        self.ask(Job::Note, &ask, c.note_max_chars()).await
     }
 
-    async fn ask(
-        &self,
-        job: Job,
-        messages: Vec<serde_json::Value>,
-        max_chars: usize,
-    ) -> Result<String, ModelError> {
+    async fn ask(&self, job: Job, ask: &Ask, max_chars: usize) -> Result<String, ModelError> {
         self.runner
             .run(job, || async {
-                let answer = self.model.complete(messages.clone()).await?;
-                Ok(summary::accept(&answer, max_chars)?)
+                let answer = self.model.complete(ask).await?;
+                Ok(summary::accept(&answer.text, max_chars, answer.cut_off)?)
             })
             .await
     }

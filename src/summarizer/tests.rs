@@ -2,16 +2,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use futures_util::future::BoxFuture;
-use serde_json::Value;
 
 use super::*;
 use crate::memory::message::Role;
 use crate::metrics::JobOutcome;
 
 /// Answers from a script, one entry per call (the last repeats), and
-/// counts the calls and the most that ran at once.
+/// counts the calls and the most that ran at once; keeps what it was
+/// asked.
 struct Scripted {
     answers: Mutex<Vec<Result<&'static str, u16>>>,
+    /// Every answer stopped at `max_tokens`.
+    cut_off: bool,
+    asked: Mutex<Vec<Ask>>,
     calls: AtomicUsize,
     running: AtomicUsize,
     most: AtomicUsize,
@@ -22,11 +25,19 @@ impl Scripted {
     fn new(answers: Vec<Result<&'static str, u16>>, delay_ms: u64) -> Arc<Self> {
         Arc::new(Self {
             answers: Mutex::new(answers),
+            cut_off: false,
+            asked: Mutex::default(),
             calls: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             most: AtomicUsize::new(0),
             delay: Duration::from_millis(delay_ms),
         })
+    }
+
+    fn cut_off(answer: &'static str) -> Arc<Self> {
+        let mut s = Arc::into_inner(Self::new(vec![Ok(answer)], 0)).unwrap();
+        s.cut_off = true;
+        Arc::new(s)
     }
 }
 
@@ -35,8 +46,9 @@ impl ChatModel for Scripted {
         "scripted"
     }
 
-    fn complete(&self, _: Vec<Value>) -> BoxFuture<'_, Result<String, ModelError>> {
+    fn complete<'a>(&'a self, ask: &'a Ask) -> BoxFuture<'a, Result<Answer, ModelError>> {
         Box::pin(async move {
+            self.asked.lock().unwrap().push(ask.clone());
             self.calls.fetch_add(1, Ordering::SeqCst);
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             self.most.fetch_max(now, Ordering::SeqCst);
@@ -51,7 +63,10 @@ impl ChatModel for Scripted {
                 }
             };
             answer
-                .map(str::to_owned)
+                .map(|text| Answer {
+                    text: text.to_owned(),
+                    cut_off: self.cut_off,
+                })
                 .map_err(|status| ModelError::Status {
                     status,
                     message: "scripted".into(),
@@ -138,10 +153,65 @@ async fn jobs_run_at_most_summary_concurrency_at_once() {
 
 #[test]
 fn only_a_completions_text_is_an_answer() {
-    let ok = br#"{"choices": [{"message": {"role": "assistant", "content": "Ada."}}]}"#;
-    assert_eq!(crate::models::answer_text(ok).unwrap(), "Ada.");
+    use crate::models::answer;
+    let ok = br#"{"choices": [{"message": {"role": "assistant", "content": "Ada."}, "finish_reason": "stop"}]}"#;
+    let whole = Answer {
+        text: "Ada.".into(),
+        cut_off: false,
+    };
+    assert_eq!(answer(ok).unwrap(), whole);
     let null = br#"{"choices": [{"message": {"content": null}}]}"#;
-    assert_eq!(crate::models::answer_text(null).unwrap(), "");
-    assert!(crate::models::answer_text(b"not json").is_err());
-    assert!(crate::models::answer_text(br#"{"choices": [{"message": {"content": 3}}]}"#).is_err());
+    assert_eq!(answer(null).unwrap().text, "");
+    assert!(answer(b"not json").is_err());
+    assert!(answer(br#"{"choices": [{"message": {"content": 3}}]}"#).is_err());
+    let cut = br#"{"choices": [{"message": {"content": "Ada is"}, "finish_reason": "length"}]}"#;
+    assert!(answer(cut).unwrap().cut_off);
+}
+
+#[tokio::test(start_paused = true)]
+async fn folds_and_notes_ask_for_at_most_their_max_tokens() {
+    let model = Scripted::new(vec![Ok("Ada.")], 0);
+    let (s, _) = summarizer(Arc::clone(&model), MemoryConfig::default());
+    s.fold(&fold()).await.unwrap();
+    s.note(None, "Ada.").await.unwrap();
+    let config = MemoryConfig {
+        summary_max_chars: 300,
+        summary_max_tokens: Some(77),
+        carry_over_max_chars: 150,
+        ..MemoryConfig::default()
+    };
+    let (s, _) = summarizer(Arc::clone(&model), config);
+    s.fold(&fold()).await.unwrap();
+    s.note(None, "Ada.").await.unwrap();
+    let asked: Vec<(u32, bool)> = model
+        .asked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| (a.max_tokens, a.shape.is_some()))
+        .collect();
+    // 4,000 characters / 3 + 64; a note's 2 x 2,000 likewise; then the
+    // key as set, and 2 x 150 / 3 + 64. No shape: summaries are text.
+    assert_eq!(
+        asked,
+        [(1398, false), (1398, false), (77, false), (164, false)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_cut_off_at_max_tokens_is_not_a_summary() {
+    let model = Scripted::cut_off("Ada likes tea and");
+    let (s, metrics) = summarizer(Arc::clone(&model), MemoryConfig::default());
+    let err = s.fold(&fold()).await.unwrap_err();
+    assert!(
+        matches!(err, ModelError::Rejected(summary::Rejected::CutOff)),
+        "{err}"
+    );
+    let err = s.note(None, "Ada.").await.unwrap_err();
+    assert!(
+        matches!(err, ModelError::Rejected(summary::Rejected::CutOff)),
+        "{err}"
+    );
+    assert_eq!(metrics.memory.jobs(Job::Fold, JobOutcome::GaveUp), 1);
+    assert_eq!(metrics.memory.jobs(Job::Note, JobOutcome::GaveUp), 1);
 }

@@ -265,3 +265,36 @@ async fn a_delete_during_a_carry_over_is_not_written_over() {
     h.api(Method::DELETE, "/v1/sessions/later", None).await;
     assert_eq!(note(&h, None, "ada").await["note"], "Known: I like coffee");
 }
+
+/// A note asks for at most `carry_over_max_tokens` (unset: the longest
+/// note kept, twice `carry_over_max_chars`, / 3 rounded up, + 64).
+#[tokio::test]
+async fn notes_are_bounded_by_max_tokens() {
+    use recall::memory::summary::headings::CARRY_HEADING;
+    for (extra, max_tokens) in [
+        ("", (2 * 2000_u32).div_ceil(3) + 64),
+        ("carry_over_max_chars = 300", (2 * 300_u32).div_ceil(3) + 64),
+        ("carry_over_max_tokens = 99", 99),
+    ] {
+        let h = harness(extra).await;
+        say_as(&h, None, "ada", "first", "My name is Ada").await;
+        h.api(Method::DELETE, "/v1/sessions/first", None).await;
+        note(&h, None, "ada").await;
+        let notes: Vec<Value> = h
+            .upstream
+            .split()
+            .0
+            .into_iter()
+            .filter(|r| {
+                r.messages()
+                    .last()
+                    .and_then(|m| m["content"].as_str())
+                    .is_some_and(|c| c.contains(CARRY_HEADING))
+            })
+            .map(|r| r.body)
+            .collect();
+        assert_eq!(notes.len(), 1, "{extra}");
+        assert_eq!(notes[0]["max_tokens"], max_tokens, "{extra}");
+        assert!(notes[0].get("response_format").is_none());
+    }
+}

@@ -841,3 +841,224 @@ async fn messages_that_leave_the_history_are_still_extracted() {
         vec![PEANUTS, HANOI, "I play the piano"]
     );
 }
+
+/// The `response_format` of each extraction request, by its type
+/// (`"none"` without one).
+fn formats_asked(h: &Harness) -> Vec<String> {
+    h.upstream
+        .extraction_requests()
+        .iter()
+        .map(|r| match &r.body["response_format"] {
+            Value::Null => "none".to_owned(),
+            f => f["type"].as_str().unwrap_or("?").to_owned(),
+        })
+        .collect()
+}
+
+/// The value of the metric line `name{labels}`, 0 when absent.
+async fn metric(h: &Harness, line: &str) -> f64 {
+    let text = h.metrics().await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+const FAILED: &str = "recall_long_term_jobs_total{job=\"extract\",outcome=\"failed\"}";
+const MALFORMED: &str = "recall_long_term_jobs_total{job=\"extract\",outcome=\"malformed\"}";
+
+fn step_downs(refused: &str) -> String {
+    format!("recall_structured_output_step_downs_total{{upstream=\"mock\",refused=\"{refused}\"}}")
+}
+
+/// An extraction asks for its shape by a strict JSON schema, within a
+/// derived `max_tokens`, so that a grammar-constrained server cannot
+/// answer prose.
+#[tokio::test]
+async fn extraction_asks_for_a_strict_json_schema_within_max_tokens() {
+    let h = told_then_asked("").await;
+    let asked = h.upstream.extraction_requests();
+    assert_eq!(asked.len(), 1);
+    let body = &asked[0].body;
+    assert_eq!(
+        body["response_format"],
+        json!({"type": "json_schema", "json_schema": {
+            "name": "facts", "strict": true,
+            "schema": {
+                "type": "object",
+                "properties": {"facts": {"type": "array", "items": {
+                    "type": "object",
+                    "properties": {"text": {"type": "string"}},
+                    "required": ["text"], "additionalProperties": false}}},
+                "required": ["facts"], "additionalProperties": false}}})
+    );
+    // 50 facts (max_facts_per_answer) of 24 tokens, + 32.
+    assert_eq!(body["max_tokens"], 50 * 24 + 32, "{body}");
+    // The prompt says the same shape in words.
+    let system = body["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        system.contains(r#"{"facts": [{"text": "..."}]}"#),
+        "{system}"
+    );
+
+    // The key, when set, is what is sent.
+    let h = told_then_asked("extract_max_tokens = 300").await;
+    assert_eq!(h.upstream.extraction_requests()[0].body["max_tokens"], 300);
+}
+
+/// llama-cpp-python's server refuses `json_schema` (a 500 wrapping a
+/// validation error that names `response_format`) but takes `json_object`
+/// with the schema: the extraction asks that way at once, stores the
+/// facts, counts no failure, and the next extraction starts there.
+#[tokio::test]
+async fn a_server_refusing_json_schema_is_asked_with_json_object_and_remembered() {
+    let h = harness("").await;
+    h.upstream
+        .refuse_formats(&["json_schema"], llama_cpp_python_refusal);
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    extract(&h, "s1").await;
+    assert_eq!(formats_asked(&h), ["json_schema", "json_object"]);
+    let asked = h.upstream.extraction_requests();
+    let schema = &asked[0].body["response_format"]["json_schema"]["schema"];
+    assert_eq!(
+        asked[1].body["response_format"],
+        json!({"type": "json_object", "schema": schema})
+    );
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
+
+    say(&h, "ana", "s2", &format!("{HANOI}.")).await;
+    extract(&h, "s2").await;
+    assert_eq!(
+        formats_asked(&h),
+        ["json_schema", "json_object", "json_object"]
+    );
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS, HANOI]);
+    assert_eq!(metric(&h, &step_downs("json_schema")).await, 1.0);
+    assert_eq!(metric(&h, FAILED).await, 0.0);
+    assert_eq!(metric(&h, MALFORMED).await, 0.0);
+}
+
+/// A server that refuses both ways is asked plainly (the prompt alone),
+/// at once, and from then on.
+#[tokio::test]
+async fn a_server_refusing_both_ways_is_asked_plainly() {
+    let h = harness("").await;
+    h.upstream
+        .refuse_formats(&["json_schema", "json_object"], openai_refusal);
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    extract(&h, "s1").await;
+    assert_eq!(formats_asked(&h), ["json_schema", "json_object", "none"]);
+    let plain = &h.upstream.extraction_requests()[2].body;
+    assert!(plain.get("response_format").is_none(), "{plain}");
+    assert_eq!(plain["max_tokens"], 50 * 24 + 32);
+    say(&h, "ana", "s2", &format!("{HANOI}.")).await;
+    extract(&h, "s2").await;
+    assert_eq!(formats_asked(&h)[3..], ["none"]);
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS, HANOI]);
+    assert_eq!(metric(&h, &step_downs("json_schema")).await, 1.0);
+    assert_eq!(metric(&h, &step_downs("json_object")).await, 1.0);
+    assert_eq!(metric(&h, FAILED).await, 0.0);
+}
+
+/// `structured_output` pins the way: it is asked first, and a refusal of
+/// a pinned way is a failure, not a step down.
+#[tokio::test]
+async fn structured_output_pins_the_way_asked() {
+    for (pinned, first) in [("json_object", "json_object"), ("none", "none")] {
+        let h = Harness::start(
+            &config(""),
+            &format!("models = [\"*\"]\nstructured_output = \"{pinned}\""),
+        )
+        .await;
+        say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+        extract(&h, "s1").await;
+        assert_eq!(formats_asked(&h), [first], "{pinned}");
+        assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
+    }
+    let h = Harness::start(
+        &config(""),
+        "models = [\"*\"]\nstructured_output = \"json_schema\"",
+    )
+    .await;
+    h.upstream
+        .refuse_formats(&["json_schema"], llama_cpp_python_refusal);
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    let (status, body) = call(
+        &h,
+        None,
+        Method::POST,
+        "/v1/sessions/s1/memory/extract",
+        None,
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(formats_asked(&h), ["json_schema"]);
+    assert_eq!(metric(&h, FAILED).await, 1.0);
+    assert_eq!(metric(&h, &step_downs("json_schema")).await, 0.0);
+}
+
+/// A 500 that does not name the field (an overloaded server) is the
+/// model's failure: no step down, and the next extraction asks with
+/// `json_schema` again.
+#[tokio::test]
+async fn an_unrelated_server_error_is_no_refusal() {
+    let h = harness("").await;
+    h.upstream.extractions(LongTermMode::Fail(500));
+    say(&h, "ana", "s1", &format!("{PEANUTS}.")).await;
+    let (status, body) = call(
+        &h,
+        None,
+        Method::POST,
+        "/v1/sessions/s1/memory/extract",
+        None,
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    h.upstream.extractions(LongTermMode::Echo);
+    extract(&h, "s1").await;
+    assert_eq!(formats_asked(&h), ["json_schema", "json_schema"]);
+    assert_eq!(metric(&h, FAILED).await, 1.0);
+    assert_eq!(metric(&h, &step_downs("json_schema")).await, 0.0);
+}
+
+/// A model asked plainly may wrap its JSON in prose; the facts inside are
+/// stored. One stopped at `max_tokens` keeps its whole facts; one with
+/// none whole is malformed.
+#[tokio::test]
+async fn facts_among_prose_or_before_a_cut_are_stored() {
+    let h = harness("").await;
+    h.upstream.extractions(LongTermMode::Text(format!(
+        "Sure! Here are the facts: {{\"facts\": [{{\"text\": \"{PEANUTS}\"}}]}} Let me know."
+    )));
+    say(&h, "ana", "s1", "I have a peanut problem.").await;
+    extract(&h, "s1").await;
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS]);
+
+    h.upstream.extractions(LongTermMode::CutOff(format!(
+        "{{\"facts\": [{{\"text\": \"{HANOI}\"}}, {{\"text\": \"I have two daugh"
+    )));
+    say(&h, "ana", "s2", "I live somewhere.").await;
+    let done = extract(&h, "s2").await;
+    assert_eq!(done["added"], 1, "{done}");
+    assert_eq!(texts(&records(&h, None, "ana").await), vec![PEANUTS, HANOI]);
+
+    h.upstream.extractions(LongTermMode::CutOff(
+        "{\"facts\": [{\"text\": \"I am".into(),
+    ));
+    say(&h, "ana", "s3", "More.").await;
+    let (status, body) = call(
+        &h,
+        None,
+        Method::POST,
+        "/v1/sessions/s3/memory/extract",
+        None,
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_tokens")),
+        "{body}"
+    );
+    assert_eq!(metric(&h, MALFORMED).await, 1.0);
+}

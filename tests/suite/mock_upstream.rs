@@ -497,3 +497,70 @@ async fn the_long_term_demo_recalls_a_fact_in_the_next_session_when_relevant() {
     let answer = say("wednesday", "Can you recommend some music?").await;
     assert!(!answer.contains("My notes say"), "{answer}");
 }
+
+/// The mock stops at a request's `max_tokens` (its tokens are words) and
+/// says so, streamed or not, as a model does.
+#[tokio::test]
+async fn the_mock_stops_at_max_tokens() {
+    let h = echo("", "mock_chunk_delay_ms = 0\n").await;
+    let (status, body) = h
+        .chat(
+            Some("short"),
+            json!({"model": "m", "max_tokens": 3, "messages": [user("Hello there")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "You said: \"Hello"
+    );
+    assert_eq!(body["usage"]["completion_tokens"], 3);
+    let (body, _) = stream_text(
+        &h,
+        "short2",
+        json!({"model": "m", "stream": true, "max_completion_tokens": 2,
+               "messages": [user("Stream this")]}),
+    )
+    .await;
+    let chunks = parse_chunks(&body);
+    assert_eq!(content_pieces(&chunks).concat(), "You said:");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+/// recall's extraction request, `response_format` and `max_tokens`
+/// included, gets the facts in the shape its schema asks for.
+#[tokio::test]
+async fn the_mock_answers_an_extraction_in_the_schemas_shape() {
+    use recall::memory::long_term::headings::EXTRACT_HEADING;
+    use recall::memory::long_term::{facts_schema, FACTS_SCHEMA_NAME};
+    let h = echo("", "").await;
+    let u = h.app.upstreams.first().unwrap();
+    let asked = format!("{EXTRACT_HEADING}\nuser: I am allergic to peanuts. What now?\n");
+    let body: Value = h
+        .client
+        .post(format!("{}/chat/completions", u.base_url()))
+        .json(&json!({
+            "model": "m", "max_tokens": 100,
+            "messages": [{"role": "system", "content": "Find facts."},
+                         {"role": "user", "content": asked}],
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": FACTS_SCHEMA_NAME, "strict": true, "schema": facts_schema()}},
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+    let facts: Value = serde_json::from_str(content).unwrap();
+    assert_eq!(
+        facts,
+        json!({"facts": [{"text": "I am allergic to peanuts"}]})
+    );
+}

@@ -300,6 +300,8 @@ async fn a_failing_summary_model_leaves_turns_working_and_the_summary_intact() {
         SummaryMode::Fail(500),
         SummaryMode::Text("   ".into()),
         SummaryMode::Text("x".repeat(201)),
+        // Stopped at max_tokens: short enough, but not all it meant to say.
+        SummaryMode::CutOff("Known: fact 0 | fact".into()),
     ] {
         h.upstream.summaries(mode.clone());
         // The failed fold waits 30 s before the next; the endpoint asks now.
@@ -518,4 +520,42 @@ async fn replacing_the_history_resets_the_summary_and_the_note_comes_before_it()
             "user: after",
         ]
     );
+}
+
+/// Every fold asks for at most `summary_max_tokens` (unset: 4,000
+/// characters / 3 + 64), as plain text, and a fold cut off there is not
+/// stored as a summary.
+#[tokio::test]
+async fn folds_are_bounded_by_max_tokens_and_a_cut_off_one_is_not_stored() {
+    for (extra, max_tokens) in [("", 1398), ("summary_max_tokens = 250", 250)] {
+        let h = harness(2, extra).await;
+        for i in 0..6 {
+            h.say("bounded", &format!("fact {i}")).await;
+        }
+        settle(&h, "bounded").await;
+        let folds = h.upstream.split().0;
+        assert!(!folds.is_empty());
+        for f in &folds {
+            assert_eq!(f.body["max_tokens"], max_tokens, "{extra}: {}", f.body);
+            assert!(f.body.get("response_format").is_none(), "{}", f.body);
+        }
+    }
+
+    let h = harness(2, "summary_attempts = 1").await;
+    h.upstream
+        .summaries(SummaryMode::CutOff("Known: fact 0 | fact 1 | fa".into()));
+    for i in 0..6 {
+        h.say("cut", &format!("fact {i}")).await;
+    }
+    let (status, e) = h
+        .api(Method::POST, "/v1/sessions/cut/summarize", None)
+        .await;
+    assert_eq!(status, 502, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_tokens")),
+        "{e}"
+    );
+    assert_eq!(summary(&h, "cut").await, None);
 }

@@ -16,7 +16,7 @@ fn record(id: &str, namespace: &str, embedding: Vec<f32>, updated_at: i64) -> Re
 }
 
 fn kept(answer: &str) -> Result<Vec<String>, Malformed> {
-    facts(answer, 50).map(|f| f.kept)
+    facts(answer, 50, false).map(|f| f.kept)
 }
 
 #[test]
@@ -41,22 +41,86 @@ fn an_extraction_answer_is_a_list_of_facts_or_nothing() {
 }
 
 #[test]
+fn facts_embedded_in_prose_are_found() {
+    let prose = r#"Here are the facts: {"facts": [{"text": "I live in Hanoi"}]} Hope this helps!"#;
+    assert_eq!(kept(prose).unwrap(), ["I live in Hanoi"]);
+    // A list, after brackets that hold no facts.
+    let prose = r#"I found [2] facts {see below}: [{"text": "I have a cat"}, "I like tea"]."#;
+    assert_eq!(kept(prose).unwrap(), ["I have a cat", "I like tea"]);
+    assert_eq!(
+        kept("Nothing to keep here: []").unwrap(),
+        Vec::<String>::new()
+    );
+    // JSON that holds no facts, among prose or alone, is still malformed.
+    assert!(matches!(
+        kept(r#"Sure: {"name": "Saoceus"} and [1, 2]"#),
+        Err(Malformed::NotJson(_))
+    ));
+    assert_eq!(kept(r#"{"name": "Saoceus"}"#), Err(Malformed::NotAList));
+}
+
+#[test]
+fn an_answer_cut_off_at_max_tokens_keeps_its_whole_facts() {
+    let cut = r#"{"facts": [{"text": "I live in Hanoi"}, {"text": "I am allergic to pea"#;
+    let f = facts(cut, 50, true).unwrap();
+    assert_eq!(
+        (f.kept, f.cut_off),
+        (vec!["I live in Hanoi".to_owned()], true)
+    );
+    let cut = r#"Here you go: ["I have a cat", "I like t"#;
+    let f = facts(cut, 50, true).unwrap();
+    assert_eq!((f.kept, f.cut_off), (vec!["I have a cat".to_owned()], true));
+    // Nothing whole before the cut.
+    assert_eq!(
+        facts(r#"{"facts": [{"text": "I li"#, 50, true),
+        Err(Malformed::CutOff)
+    );
+    assert_eq!(
+        facts("I will now list the", 50, true),
+        Err(Malformed::CutOff)
+    );
+    // Whole JSON is whole, whatever the finish reason says.
+    let f = facts(r#"{"facts": ["a"]}"#, 50, true).unwrap();
+    assert_eq!((f.kept, f.cut_off), (vec!["a".to_owned()], false));
+    // A model that said it was done is not repaired.
+    assert!(matches!(
+        facts(r#"{"facts": [{"text": "a"}, {"te"#, 50, false),
+        Err(Malformed::NotJson(_))
+    ));
+}
+
+#[test]
+fn the_schema_asks_for_what_the_prompt_describes() {
+    let schema = facts_schema();
+    assert_eq!(schema["required"], serde_json::json!(["facts"]));
+    assert_eq!(schema["additionalProperties"], false);
+    let item = &schema["properties"]["facts"]["items"];
+    assert_eq!(item["required"], serde_json::json!(["text"]));
+    assert_eq!(item["properties"]["text"]["type"], "string");
+    assert_eq!(item["additionalProperties"], false);
+    // An answer of that shape is read as it is.
+    let answer = serde_json::json!({"facts": [{"text": "I live in Hanoi"}]}).to_string();
+    assert_eq!(kept(&answer).unwrap(), ["I live in Hanoi"]);
+    assert!(FORMAT.contains(r#"{"facts": [{"text": "..."}]}"#));
+}
+
+#[test]
 fn an_answer_longer_than_the_limit_keeps_its_first_distinct_facts() {
     let answer = serde_json::to_string(&["a", "b", "a", "c", "d", "b", "e", "d"]).unwrap();
-    let f = facts(&answer, 3).unwrap();
+    let f = facts(&answer, 3, false).unwrap();
     assert_eq!(f.kept, ["a", "b", "c"]);
     // "d" and "e": a repeat is no fact of its own, kept or left out.
     assert_eq!(f.left_out, 2);
-    assert_eq!(facts(&answer, 5).unwrap().left_out, 0);
+    assert_eq!(facts(&answer, 5, false).unwrap().left_out, 0);
     // Every item is still checked: a malformed one past the limit refuses
     // the answer as it would below it.
     assert_eq!(
-        facts(r#"["a", "b", {"fact": "x"}]"#, 1),
+        facts(r#"["a", "b", {"fact": "x"}]"#, 1, false),
         Err(Malformed::NoText(2))
     );
     // Ten thousand facts keep the limit's worth.
     let many: Vec<String> = (0..10_000).map(|i| format!("fact {i}")).collect();
-    let f = facts(&serde_json::to_string(&many).unwrap(), 50).unwrap();
+    let f = facts(&serde_json::to_string(&many).unwrap(), 50, false).unwrap();
     assert_eq!((f.kept.len(), f.left_out), (50, 9_950));
     assert_eq!(f.kept, many[..50]);
 }
@@ -66,7 +130,7 @@ fn a_fact_too_long_to_embed_is_left_out_and_takes_no_place() {
     let longest = "é".repeat(MAX_FACT_CHARS);
     let over = format!("{longest}x");
     let answer = serde_json::to_string(&[&over, "a", &over, &longest, "b"]).unwrap();
-    let f = facts(&answer, 2).unwrap();
+    let f = facts(&answer, 2, false).unwrap();
     // Counted in characters, not bytes: the longest allowed is kept.
     assert_eq!(f.kept, ["a", longest.as_str()]);
     // The repeat of the long one is no fact of its own.
@@ -347,7 +411,7 @@ fn the_extraction_prompt_reads_the_conversation_as_heard() {
     ];
     let prompt = extract_prompt("Find facts.", &messages);
     let system = prompt[0]["content"].as_str().unwrap();
-    assert!(system.starts_with("Find facts.\n\nAnswer with a JSON list"));
+    assert!(system.starts_with("Find facts.\n\nAnswer with a JSON object {\"facts\""));
     let user = prompt[1]["content"].as_str().unwrap();
     assert_eq!(
         user,

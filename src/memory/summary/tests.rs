@@ -120,13 +120,15 @@ fn the_prompt_shows_what_was_heard_and_what_was_called() {
 #[test]
 fn only_a_summary_is_kept() {
     assert_eq!(
-        accept("  Ada likes tea. \n", 20),
+        accept("  Ada likes tea. \n", 20, false),
         Ok("Ada likes tea.".into())
     );
-    assert_eq!(accept(" \n ", 20), Err(Rejected::Empty));
-    assert_eq!(accept("abcdef", 5), Err(Rejected::TooLong(6, 5)));
+    assert_eq!(accept(" \n ", 20, false), Err(Rejected::Empty));
+    assert_eq!(accept("abcdef", 5, false), Err(Rejected::TooLong(6, 5)));
+    // Cut off at max_tokens: however short, not a whole summary.
+    assert_eq!(accept("Ada likes", 20, true), Err(Rejected::CutOff));
     // Characters, not bytes.
-    assert!(accept("ééééé", 5).is_ok());
+    assert!(accept("ééééé", 5, false).is_ok());
 }
 
 #[test]

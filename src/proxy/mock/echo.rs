@@ -140,6 +140,23 @@ fn text(content: &Value) -> String {
     }
 }
 
+/// `text` within a request's `max_tokens` (the mock's tokens are words),
+/// and its `finish_reason`: `"length"` when it was cut there, as a model
+/// that stops at the limit says.
+pub fn within(text: String, max_tokens: Option<u64>) -> (String, &'static str) {
+    let Some(max) = max_tokens.and_then(|n| usize::try_from(n).ok()) else {
+        return (text, "stop");
+    };
+    if words(&text) <= max {
+        return (text, "stop");
+    }
+    let cut = match max {
+        0 => "",
+        _ => pieces(&text, max).first().map_or("", |p| p.trim_end()),
+    };
+    (cut.to_owned(), "length")
+}
+
 /// Whitespace-separated words in every message's text: the mock's stand-in
 /// for token counts in `usage`.
 pub fn prompt_words(messages: &[Value]) -> usize {
@@ -211,6 +228,15 @@ mod tests {
             "I see nothing you said. I received 1 message (1 function)."
         );
         assert_eq!(reply(&[]), "I see nothing you said. I received 0 messages.");
+    }
+
+    #[test]
+    fn an_answer_stops_at_max_tokens_words() {
+        let text = || "one two three four".to_owned();
+        assert_eq!(within(text(), None), (text(), "stop"));
+        assert_eq!(within(text(), Some(4)), (text(), "stop"));
+        assert_eq!(within(text(), Some(2)), ("one two".to_owned(), "length"));
+        assert_eq!(within(text(), Some(0)), (String::new(), "length"));
     }
 
     #[test]

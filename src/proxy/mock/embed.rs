@@ -144,7 +144,8 @@ pub fn is_extraction(asked: &str) -> bool {
 }
 
 /// The mock's extraction answer: every statement (a sentence not ending in
-/// `?`) of the request's `user:` lines, as a JSON list of `{"text"}`.
+/// `?`) of the request's `user:` lines, as `{"facts": [{"text"}]}` (the
+/// shape recall's schema and prompt ask for).
 pub fn facts(asked: &str) -> String {
     let mut facts: Vec<String> = Vec::new();
     for said in asked.lines().filter_map(|l| l.strip_prefix("user: ")) {
@@ -159,7 +160,7 @@ pub fn facts(asked: &str) -> String {
         keep(&mut facts, said[start..].trim());
     }
     let list: Vec<Value> = facts.iter().map(|f| json!({"text": f})).collect();
-    Value::Array(list).to_string()
+    json!({"facts": list}).to_string()
 }
 
 fn keep(facts: &mut Vec<String>, sentence: &str) {
@@ -196,7 +197,7 @@ mod tests {
         let v: Value = serde_json::from_str(&facts(&asked)).unwrap();
         assert_eq!(
             v,
-            json!([{"text": "I am allergic to peanuts"}, {"text": "I live in Hanoi"}])
+            json!({"facts": [{"text": "I am allergic to peanuts"}, {"text": "I live in Hanoi"}]})
         );
     }
 }

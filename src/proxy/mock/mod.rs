@@ -178,7 +178,10 @@ async fn chat(State(echo): State<Arc<Echo>>, body: Bytes) -> Response {
     let Some(messages) = request["messages"].as_array() else {
         return error(StatusCode::BAD_REQUEST, "`messages` must be an array");
     };
-    let text = echo::reply(messages);
+    let max_tokens = request["max_completion_tokens"]
+        .as_u64()
+        .or_else(|| request["max_tokens"].as_u64());
+    let (text, finish_reason) = echo::within(echo::reply(messages), max_tokens);
     let reply = Reply {
         id: format!(
             "chatcmpl-mock-{}",
@@ -188,6 +191,7 @@ async fn chat(State(echo): State<Arc<Echo>>, body: Bytes) -> Response {
         model: request["model"].as_str().unwrap_or(MODEL_ID).to_owned(),
         usage: usage(echo::prompt_words(messages), echo::words(&text)),
         text,
+        finish_reason,
     };
     let request_id = reply.id.replacen("chatcmpl", "req", 1);
     let mut response = if request["stream"].as_bool().unwrap_or(false) {
@@ -210,6 +214,7 @@ struct Reply {
     created: u64,
     model: String,
     text: String,
+    finish_reason: &'static str,
     usage: Value,
 }
 
@@ -223,7 +228,7 @@ impl Reply {
         json!({
             "id": self.id, "object": "chat.completion", "created": self.created,
             "model": self.model, "system_fingerprint": null,
-            "choices": [{"index": 0, "logprobs": null, "finish_reason": "stop",
+            "choices": [{"index": 0, "logprobs": null, "finish_reason": self.finish_reason,
                          "message": {"role": "assistant", "content": self.text,
                                      "refusal": null, "annotations": []}}],
             "usage": self.usage,
@@ -269,7 +274,7 @@ fn stream(reply: Reply, include_usage: bool, pace: Pace) -> Response {
     }
     events.push((
         Duration::ZERO,
-        reply.chunk(choice(json!({}), Some("stop")), null),
+        reply.chunk(choice(json!({}), Some(reply.finish_reason)), null),
     ));
     if include_usage {
         events.push((Duration::ZERO, reply.chunk(json!([]), Some(&reply.usage))));

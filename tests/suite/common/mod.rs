@@ -100,6 +100,8 @@ pub enum SummaryMode {
     Fail(u16),
     /// This text, whatever was asked.
     Text(String),
+    /// This text, stopped at `max_tokens` (`finish_reason: "length"`).
+    CutOff(String),
 }
 
 /// The mock summary model's answer to a fold or carry-over request.
@@ -144,12 +146,52 @@ pub enum LongTermMode {
     Fail(u16),
     /// This text as the extraction answer (embeddings as `Echo`).
     Text(String),
+    /// This text as the extraction answer, stopped at `max_tokens`
+    /// (`finish_reason: "length"`).
+    CutOff(String),
 }
+
+/// What llama-cpp-python's server (0.3.36) answers a chat request whose
+/// `response_format` has a type it does not take (`json_schema`), as
+/// captured from it: a 500 wrapping a validation error.
+pub fn llama_cpp_python_refusal(kind: &str) -> (u16, Value) {
+    let message = format!(
+        "1 validation error:\n  {{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), \
+         'msg': \"Input should be 'text' or 'json_object'\", 'input': '{kind}', \
+         'ctx': {{'expected': \"'text' or 'json_object'\"}}}}\n\n  \
+         File \"/root/.cache/recall-ci/llama-venv/lib/python3.11/site-packages/llama_cpp/server/app.py\", \
+         line 376, in create_chat_completion\n    POST /v1/chat/completions"
+    );
+    (
+        500,
+        json!({"error": {"message": message, "type": "internal_server_error",
+                         "param": null, "code": null}}),
+    )
+}
+
+/// What OpenAI answers a model that takes no structured output: a 400
+/// naming the field.
+pub fn openai_refusal(kind: &str) -> (u16, Value) {
+    let message = format!(
+        "Invalid parameter: 'response_format' of type '{kind}' is not supported with this model."
+    );
+    (
+        400,
+        json!({"error": {"message": message, "type": "invalid_request_error",
+                         "param": "response_format", "code": null}}),
+    )
+}
+
+/// How the extract model answers a `response_format` it refuses: given
+/// the type refused, the status and body.
+pub type Refusal = fn(&str) -> (u16, Value);
 
 #[derive(Default)]
 struct MockState {
     summary_mode: Mutex<SummaryMode>,
     extract_mode: Mutex<LongTermMode>,
+    /// The `response_format` types the extract model refuses, and how.
+    refused_formats: Mutex<(Vec<&'static str>, Option<Refusal>)>,
     embed_mode: Mutex<LongTermMode>,
     script: Mutex<VecDeque<Reply>>,
     received: Mutex<Vec<Received>>,
@@ -228,6 +270,12 @@ impl MockUpstream {
         *self.state.extract_mode.lock().unwrap() = mode;
     }
 
+    /// From now on, an extraction request whose `response_format` is of
+    /// one of `kinds` is answered with `refusal`.
+    pub fn refuse_formats(&self, kinds: &[&'static str], refusal: Refusal) {
+        *self.state.refused_formats.lock().unwrap() = (kinds.to_vec(), Some(refusal));
+    }
+
     /// How `/embeddings` requests are answered from now on.
     pub fn embeddings(&self, mode: LongTermMode) {
         *self.state.embed_mode.lock().unwrap() = mode;
@@ -301,6 +349,14 @@ async fn long_term_answer(state: &MockState, path: &str, body: &Value) -> Option
     } else {
         return None;
     };
+    if !embeddings {
+        let (refused, refusal) = state.refused_formats.lock().unwrap().clone();
+        let kind = body["response_format"]["type"].as_str().unwrap_or_default();
+        if let (Some(refusal), true) = (refusal, refused.contains(&kind)) {
+            let (status, body) = refusal(kind);
+            return Some(json_response(status, body, &[]));
+        }
+    }
     match &mode {
         LongTermMode::Slow(d) => tokio::time::sleep(*d).await,
         LongTermMode::Fail(status) => {
@@ -337,15 +393,16 @@ async fn long_term_answer(state: &MockState, path: &str, body: &Value) -> Option
         .and_then(|m| m.last())
         .and_then(|m| m["content"].as_str())
         .unwrap_or_default();
-    let answer = match mode {
-        LongTermMode::Text(t) => t,
-        _ => recall::proxy::mock::embed::facts(asked),
+    let (answer, finish) = match mode {
+        LongTermMode::Text(t) => (t, "stop"),
+        LongTermMode::CutOff(t) => (t, "length"),
+        _ => (recall::proxy::mock::embed::facts(asked), "stop"),
     };
     let Reply::Json {
         status,
         body,
         headers,
-    } = completion(&answer)
+    } = completion_ending(&answer, finish)
     else {
         unreachable!()
     };
@@ -373,11 +430,16 @@ async fn mock_handler(
     }
     if let Some(request) = summary_request {
         let mode = state.summary_mode.lock().unwrap().clone();
+        let mut finish = "stop";
         let answer = match mode {
             SummaryMode::Fold => fold_answer(&request),
             SummaryMode::Slow(d) => {
                 tokio::time::sleep(d).await;
                 fold_answer(&request)
+            }
+            SummaryMode::CutOff(t) => {
+                finish = "length";
+                t
             }
             SummaryMode::Fail(status) => {
                 return json_response(
@@ -392,7 +454,7 @@ async fn mock_handler(
             status,
             body,
             headers,
-        } = completion(&answer)
+        } = completion_ending(&answer, finish)
         else {
             unreachable!()
         };
@@ -499,11 +561,17 @@ fn sse_response(chunks: Vec<(Duration, String)>, state: Arc<MockState>, open: Op
 
 /// A non-streaming completion whose reply is `content`.
 pub fn completion(content: &str) -> Reply {
+    completion_ending(content, "stop")
+}
+
+/// A non-streaming completion whose reply is `content`, ending for
+/// `finish_reason`.
+pub fn completion_ending(content: &str, finish_reason: &str) -> Reply {
     Reply::Json {
         status: 200,
         body: json!({
             "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "mock-model",
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": finish_reason,
                          "message": {"role": "assistant", "content": content, "refusal": null}}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
         }),

@@ -1,0 +1,168 @@
+//! The JSON of an answer that is not JSON alone, as a model that was not
+//! held to a schema writes it: inside a Markdown fence, among prose
+//! ("Here are the facts: {...}"), or cut off where the model stopped at
+//! `max_tokens`. Pure text handling; what the JSON must hold is the
+//! caller's.
+
+/// The inside of a Markdown code fence, if the answer is one (an
+/// unclosed fence's rest).
+pub fn unfenced(text: &str) -> &str {
+    let Some(rest) = text.strip_prefix("```") else {
+        return text;
+    };
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_alphanumeric());
+    rest.strip_suffix("```").unwrap_or(rest).trim()
+}
+
+/// A JSON object or array found in a text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found<'a> {
+    /// Its brackets balance (it may still not be JSON).
+    Closed(&'a str),
+    /// The text ends inside it: closed after its last whole object, list,
+    /// or string in a list, if it has one (`{"facts": [{"text": "a"}, {"te`
+    /// gives `{"facts": [{"text": "a"}]}`).
+    Open(Option<String>),
+}
+
+/// The objects and arrays of `text` that sit outside any other, in order:
+/// one pass over the text, so a long answer costs no more than its
+/// length. Brackets inside JSON strings do not count; a bracket that
+/// closes what it did not open ends that candidate, and the search goes
+/// on after it.
+pub fn values(text: &str) -> Vec<Found<'_>> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    // The closers still owed, innermost last.
+    let mut open: Vec<u8> = Vec::new();
+    let (mut start, mut in_string, mut escaped) = (0, false, false);
+    // The end of the last value closed inside the current one, and what
+    // was still owed there.
+    let mut last_whole: Option<(usize, Vec<u8>)> = None;
+    for (i, &b) in bytes.iter().enumerate() {
+        if open.is_empty() {
+            if let Some(closer) = closer_of(b) {
+                open.push(closer);
+                start = i;
+                last_whole = None;
+            }
+            continue;
+        }
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => {
+                    in_string = false;
+                    // A string that is an item of a list is whole (in an
+                    // object it may be a key).
+                    if open.last() == Some(&b']') {
+                        last_whole = Some((i + 1, open.clone()));
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => open.extend(closer_of(b)),
+            b'}' | b']' if open.last() == Some(&b) => {
+                open.pop();
+                if open.is_empty() {
+                    out.push(Found::Closed(&text[start..=i]));
+                } else {
+                    last_whole = Some((i + 1, open.clone()));
+                }
+            }
+            b'}' | b']' => open.clear(),
+            _ => {}
+        }
+    }
+    if !open.is_empty() {
+        let repaired = last_whole.map(|(end, owed)| {
+            let mut s = text[start..end].to_owned();
+            s.extend(owed.iter().rev().map(|&c| char::from(c)));
+            s
+        });
+        out.push(Found::Open(repaired));
+    }
+    out
+}
+
+fn closer_of(b: u8) -> Option<u8> {
+    match b {
+        b'{' => Some(b'}'),
+        b'[' => Some(b']'),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fences_are_taken_off() {
+        assert_eq!(unfenced("```json\n[1]\n```"), "[1]");
+        assert_eq!(unfenced("```\n[1]```"), "[1]");
+        assert_eq!(unfenced("```json\n[1, 2"), "[1, 2");
+        assert_eq!(unfenced("[1]"), "[1]");
+    }
+
+    #[test]
+    fn values_among_prose_are_found_in_order() {
+        let text =
+            r#"Here are the facts: {"facts": [{"text": "I have a {cat}"}]} and [1, [2]]. Done."#;
+        assert_eq!(
+            values(text),
+            [
+                Found::Closed(r#"{"facts": [{"text": "I have a {cat}"}]}"#),
+                Found::Closed("[1, [2]]"),
+            ]
+        );
+        // An escaped quote does not end a string.
+        let text = r#"x {"text": "say \"]\" now"} y"#;
+        assert_eq!(
+            values(text),
+            [Found::Closed(r#"{"text": "say \"]\" now"}"#)]
+        );
+        assert!(values("no JSON at all: \"quoted\" text").is_empty());
+    }
+
+    #[test]
+    fn a_mismatched_bracket_ends_its_candidate() {
+        assert_eq!(values("[} then [3]"), [Found::Closed("[3]")]);
+    }
+
+    #[test]
+    fn an_open_value_is_closed_after_its_last_whole_item() {
+        let cut = r#"{"facts": [{"text": "I live in Hanoi"}, {"text": "I have two daugh"#;
+        assert_eq!(
+            values(cut),
+            [Found::Open(Some(
+                r#"{"facts": [{"text": "I live in Hanoi"}]}"#.to_owned()
+            ))]
+        );
+        let cut = r#"Facts: [{"text": "a"}, {"text": "b"}, "#;
+        assert_eq!(
+            values(cut),
+            [Found::Open(Some(
+                r#"[{"text": "a"}, {"text": "b"}]"#.to_owned()
+            ))]
+        );
+        // A string is a whole item of a list, not of an object (a key).
+        assert_eq!(
+            values(r#"["a", "b"#),
+            [Found::Open(Some(r#"["a"]"#.to_owned()))]
+        );
+        assert_eq!(values(r#"{"facts""#), [Found::Open(None)]);
+        // Nothing whole inside it yet.
+        assert_eq!(values(r#"{"facts": [{"text": "I li"#), [Found::Open(None)]);
+        // A closed value before it stays as it was.
+        assert_eq!(
+            values(r#"[1] {"facts": ["#),
+            [Found::Closed("[1]"), Found::Open(None)]
+        );
+    }
+}
