@@ -74,7 +74,8 @@ def test_a_stream_cut_mid_sentence_is_recorded_with_its_complete_original(stacks
     stack = stacks()
     c = client(stack, sid)
     stream = c.chat.completions.create(
-        model=MODEL, stream=True, max_tokens=160, temperature=0,
+        # Short enough that its drain ends within the stack's 10 s on a busy machine.
+        model=MODEL, stream=True, max_tokens=60, temperature=0,
         messages=[{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}])
     read = ""
     for chunk in stream:
@@ -269,5 +270,60 @@ models = ["embedder"]
           f" with a fold and an extraction due every turn: median {med(with_jobs):.2f} s, slowest"
           f" {max(with_jobs):.2f} s ({med(with_jobs) / med(baseline):.2f}x); {len(background)} background"
           f" calls, {len(cut)} cut for a live turn, {yields:.0f} yields counted")
-    assert yields == len(cut), (yields, cut)
+    # Every call the server saw cut was a counted yield (a call asked back
+    # before it reached the server yields too, unseen by the tap).
+    assert yields >= len(cut), (yields, cut)
     assert all(e["status"] == 200 for e in live), live
+
+
+STOP = {"i", "am", "a", "an", "the", "and", "to", "of", "in", "my", "is", "have", "has", "who", "so", "at", "me",
+        "user", "user's", "their", "they", "are", "with", "for", "as", "be"}
+
+
+def words(text: str) -> set[str]:
+    return {w.strip(".,!?;:'\"()").lower() for w in text.split()} - STOP - {""}
+
+
+def test_facts_are_extracted_from_a_real_model_in_the_shape_asked_for(stacks, sid):
+    """llama-cpp-python's server refuses `json_schema`: recall asks again
+    with `json_object` and the schema, keeps to that, and stores what the
+    grammar-constrained model answered."""
+    user = f"user-{sid}"
+    said = ["Hi, I'm Lan. I work as a nurse in Hanoi.",
+            "I am allergic to peanuts.",
+            "I have two daughters, Mai and Lan."]
+    stack = stacks("""
+[long_term]
+enabled = true
+extract_model = "smollm2"
+embedding_model = "embedder"
+extract_every_turns = 100
+
+[[upstreams]]
+name = "embeddings"
+base_url = "mock://echo"
+models = ["embedder"]
+""", upstream_config='models = ["smollm2"]\nmax_concurrent = 1\ntimeout_secs = 300')
+    c = client(stack, sid, user=user)
+    for line in said:
+        say(c, line)
+    status, answer = __import__("launch").http(
+        "POST", f"{stack.recall_url}/v1/sessions/{sid}/memory/extract", {}, timeout=300)
+    assert status == 200, answer
+    extractions = [b for b in stack.received() if "response_format" in b]
+    assert extractions, "no extraction reached the model"
+    kinds = [b["response_format"]["type"] for b in extractions]
+    # json_schema once (refused, with the server's 500), then json_object
+    # with the schema, remembered for the next extraction.
+    assert kinds[0] == "json_schema" and set(kinds[1:]) == {"json_object"}, kinds
+    assert "schema" in extractions[1]["response_format"]
+    assert all(isinstance(b.get("max_tokens"), int) for b in extractions), extractions
+    _, records = __import__("launch").http("GET", f"{stack.recall_url}/v1/users/{user}/memory/records")
+    texts = [r["text"] for r in records["data"]]
+    assert texts, f"no record stored: {answer}"
+    heard = set().union(*(words(line) for line in said))
+    # At least one record is the user's own words: most of its content
+    # words are words the user said (not the model's wit: its shape).
+    drawn = [t for t in texts if words(t) and len(words(t) & heard) >= 0.6 * len(words(t))]
+    print(f"\nrecords: {texts}")
+    assert drawn, (texts, heard)
