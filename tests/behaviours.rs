@@ -126,6 +126,7 @@ impl World {
             memory: Default::default(),
             long_term: Default::default(),
             on_new_request: OnNewRequest::Interrupt,
+            barge_in_after_close_ms: 0,
             metrics: Arc::new(Metrics::default()),
             notifier: Arc::new(LogOnly),
             storage: Arc::new(Storage::Memory),
