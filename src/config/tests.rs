@@ -151,7 +151,7 @@ fn window_tokens_is_checked_and_shown_by_check() {
 #[test]
 fn barge_in_after_close_is_bounded() {
     let c = parse(UPSTREAM).unwrap();
-    assert_eq!(c.interruption.barge_in_after_close_ms, 2000);
+    assert_eq!(c.interruption.barge_in_after_close_ms, 10_000);
     let c = parse(&format!(
         "[interruption]\nbarge_in_after_close_ms = 0\n{UPSTREAM}"
     ))
