@@ -105,9 +105,9 @@ pub fn after_close(m: &Message, now_ms: i64, window_ms: u64, retry: bool) -> Opt
         .as_ref()
         .and_then(|md| md.get(INTERRUPT_TIMESTAMP))
         .and_then(Value::as_i64)?;
-    let since = now_ms.saturating_sub(at);
-    let soon = (0..=i64::try_from(window_ms).unwrap_or(i64::MAX)).contains(&since);
-    Some(if soon && window_ms > 0 && !retry {
+    let window = i64::try_from(window_ms).unwrap_or(i64::MAX);
+    let soon = window > 0 && (0..=window).contains(&now_ms.saturating_sub(at));
+    Some(if soon && !retry {
         Closed::BargeIn
     } else {
         Closed::Left
