@@ -96,10 +96,9 @@ pub fn request_reconcile(data: &[u8]) {
             return;
         }
     };
-    let (instructions, conversation): (Vec<Message>, Vec<Message>) = request
-        .messages
-        .into_iter()
-        .partition(Message::is_instruction);
+    let mut instructions = request.messages;
+    let conversation =
+        instructions.split_off(crate::memory::message::leading_instructions(&instructions));
     let n = conversation.len();
     let split = data.len() % (n + 1);
     let resent_from = (data.len() / 7) % (split + 1);

@@ -49,6 +49,12 @@ pub struct InterruptionConfig {
     pub drain_timeout_secs: u64,
     pub drain_max_bytes: usize,
     pub on_new_request: OnNewRequest,
+    /// A new request of a session arriving within this many ms of its
+    /// client closing the reply's stream mid-reply is a barge-in: a client
+    /// that cancels before it sends the next turn (Pipecat) is not one that
+    /// left. It covers what the user says after the cut and the turn
+    /// detection after that. 0 = a close is always `client_gone`.
+    pub barge_in_after_close_ms: u64,
 }
 
 impl Default for InterruptionConfig {
@@ -58,6 +64,7 @@ impl Default for InterruptionConfig {
             drain_timeout_secs: 30,
             drain_max_bytes: 1024 * 1024,
             on_new_request: OnNewRequest::Interrupt,
+            barge_in_after_close_ms: 10_000,
         }
     }
 }

@@ -149,6 +149,23 @@ fn window_tokens_is_checked_and_shown_by_check() {
 }
 
 #[test]
+fn barge_in_after_close_is_bounded() {
+    let c = parse(UPSTREAM).unwrap();
+    assert_eq!(c.interruption.barge_in_after_close_ms, 10_000);
+    let c = parse(&format!(
+        "[interruption]\nbarge_in_after_close_ms = 0\n{UPSTREAM}"
+    ))
+    .unwrap();
+    assert_eq!(c.interruption.barge_in_after_close_ms, 0);
+    let e = parse(&format!(
+        "[interruption]\nbarge_in_after_close_ms = 60001\n{UPSTREAM}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("interruption.barge_in_after_close_ms"), "{e}");
+}
+
+#[test]
 fn unlimited_window_needs_unlimited_max() {
     assert!(parse(&format!(
         "[history]\nwindow_messages = 0\nmax_messages = 0\n{UPSTREAM}"

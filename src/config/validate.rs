@@ -5,6 +5,10 @@ use std::path::Path;
 
 use super::*;
 
+/// A request this long after a close is a new turn, not the user talking
+/// over the reply.
+const MAX_BARGE_IN_AFTER_CLOSE_MS: u64 = 60_000;
+
 impl Config {
     pub(super) fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let invalid = |key: &str, message: &str| ConfigError::Invalid {
@@ -113,6 +117,15 @@ impl Config {
             return Err(invalid(
                 "interruption.drain_timeout_secs",
                 "and drain_max_bytes must be greater than 0 (set capture_original = false instead)",
+            ));
+        }
+        if int.barge_in_after_close_ms > MAX_BARGE_IN_AFTER_CLOSE_MS {
+            return Err(invalid(
+                "interruption.barge_in_after_close_ms",
+                &format!(
+                    "({}) is longer than a user waits to be heard (at most {MAX_BARGE_IN_AFTER_CLOSE_MS}); 0 turns it off",
+                    int.barge_in_after_close_ms
+                ),
             ));
         }
         for (i, m) in self.system_messages.iter().enumerate() {

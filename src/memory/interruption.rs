@@ -34,6 +34,10 @@ pub const SUPERSEDED_BY: &str = "superseded_by";
 pub const SOURCE_FAILURE: &str = "llm_failure";
 /// `cut_by` of a reply whose stream broke off upstream.
 pub const CUT_BY_UPSTREAM: &str = "upstream";
+/// `cut_by` of a reply whose client closed its stream.
+pub const CLIENT_GONE: &str = "client_gone";
+/// `cut_by` of a reply a newer request of its session cut (barge-in).
+pub const BARGE_IN: &str = "new_request";
 
 pub fn is_interrupted(m: &Message) -> bool {
     m.metadata
@@ -72,8 +76,48 @@ pub fn undelivered(m: &Message) -> bool {
         || (is_interrupted(m)
             && matches!(
                 m.meta_str(CUT_BY),
-                Some("client_gone" | "shutdown" | CUT_BY_UPSTREAM)
+                Some(CLIENT_GONE | "shutdown" | CUT_BY_UPSTREAM)
             ))
+}
+
+/// What a new request of the session makes of a reply recorded as cut
+/// because its client closed the stream (`cut_by: "client_gone"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The user talked over it: the client cancelled the stream and sent
+    /// the next turn at once (Pipecat closes first, then sends). The
+    /// record says `new_request`.
+    BargeIn,
+    /// The client left, or came back for the same turn (a retry): the
+    /// record stays `client_gone`.
+    Left,
+}
+
+/// How a request arriving at `now_ms` reads `m`, the newest stored
+/// message, when it is a reply its client closed; `None` when it is not.
+/// Within `window_ms` of the close and not a retry, it is a barge-in.
+pub fn after_close(m: &Message, now_ms: i64, window_ms: u64, retry: bool) -> Option<Closed> {
+    if m.role != Role::Assistant || !is_interrupted(m) || m.meta_str(CUT_BY) != Some(CLIENT_GONE) {
+        return None;
+    }
+    let at = m
+        .metadata
+        .as_ref()
+        .and_then(|md| md.get(INTERRUPT_TIMESTAMP))
+        .and_then(Value::as_i64)?;
+    let window = i64::try_from(window_ms).unwrap_or(i64::MAX);
+    let soon = window > 0 && (0..=window).contains(&now_ms.saturating_sub(at));
+    Some(if soon && !retry {
+        Closed::BargeIn
+    } else {
+        Closed::Left
+    })
+}
+
+/// Rewrites a reply's cause as a barge-in (`after_close` said so).
+pub fn barged_in(m: &mut Message) {
+    m.metadata_mut()
+        .insert(CUT_BY, Value::String(BARGE_IN.into()));
 }
 
 /// Messages recall added without the client: a client that resends its
@@ -346,6 +390,40 @@ mod tests {
         }
         assert!(undelivered(&failure_reply("Sorry.", "503")));
         assert!(!undelivered(&reply("fine")));
+    }
+
+    #[test]
+    fn a_request_soon_after_a_close_is_a_barge_in_unless_it_retries() {
+        let closed = |at| {
+            interrupted_reply(
+                reply("Why"),
+                &reply("Why not"),
+                false,
+                at,
+                None,
+                CLIENT_GONE,
+            )
+        };
+        let m = closed(1_000);
+        assert_eq!(after_close(&m, 1_000, 2_000, false), Some(Closed::BargeIn));
+        assert_eq!(after_close(&m, 3_000, 2_000, false), Some(Closed::BargeIn));
+        assert_eq!(after_close(&m, 3_001, 2_000, false), Some(Closed::Left));
+        assert_eq!(after_close(&m, 1_200, 2_000, true), Some(Closed::Left));
+        assert_eq!(after_close(&m, 1_200, 0, false), Some(Closed::Left), "off");
+        // A clock that went back says nothing of how soon.
+        assert_eq!(after_close(&m, 999, 2_000, false), Some(Closed::Left));
+        for by in ["new_request", "endpoint", "shutdown", CUT_BY_UPSTREAM] {
+            let cut = interrupted_reply(reply("Why"), &reply("Why not"), false, 1_000, None, by);
+            assert_eq!(after_close(&cut, 1_100, 2_000, false), None, "{by}");
+        }
+        assert_eq!(after_close(&reply("whole"), 1_100, 2_000, false), None);
+
+        let mut m = closed(1_000);
+        barged_in(&mut m);
+        assert_eq!(m.meta_str(CUT_BY), Some("new_request"));
+        assert!(!undelivered(&m), "the same words again are a new utterance");
+        assert_eq!(m.meta_str(ORIGINAL), Some("Why not"));
+        assert_eq!(after_close(&m, 1_100, 2_000, false), None);
     }
 
     #[test]

@@ -6,6 +6,8 @@ the text of the last message it receives, so that a test can choose the
 answer by what it says:
 
 - the last message is a tool result  -> "tool result received: <content>"
+- the last message is a system or developer note (a framework's one-off note
+  inside the conversation) -> "noted: <content>"
 - "... what did I say first? ..."    -> "You first said: <first user message>"
                                         (proves the earlier turns were sent)
 - "... weather tool ..."             -> an assistant `tool_calls` reply calling
@@ -113,6 +115,9 @@ def plan_for(body: dict) -> Plan:
     last = messages[-1] if isinstance(messages[-1], dict) else {}
     if last.get("role") == "tool":
         return Plan(text=f"tool result received: {text_of(last.get('content'))}")
+    said_before = any(isinstance(m, dict) and m.get("role") in ("user", "assistant") for m in messages[:-1])
+    if last.get("role") in ("system", "developer") and said_before:
+        return Plan(text=f"noted: {text_of(last.get('content'))}")
     user_texts = [text_of(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     said = user_texts[-1] if user_texts else ""
     lowered = said.strip().lower()

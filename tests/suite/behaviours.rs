@@ -3,8 +3,9 @@
 //! part; new turns, barge-ins (with new words or the same ones), a client
 //! that leaves mid-reply and retries (or not), an SDK retry of a reply it
 //! got, a failed call, regenerate, editing the last or an earlier message,
-//! tool calls answered or dropped, messages the session API adds, and
-//! content sent back as a string or as text parts.
+//! tool calls answered or dropped, messages the session API adds, a
+//! one-off developer note inside the conversation, and content sent back
+//! as a string or as text parts.
 //!
 //! A model of the client keeps the conversation as the client knows it.
 //! After every step the session must hold exactly that conversation
@@ -19,7 +20,7 @@ use proptest::prelude::*;
 use recall::clock::Clock;
 use recall::config::{HistoryConfig, InterruptedRendering, OnNewRequest, Roles};
 use recall::memory::interruption::{is_failure, is_interrupted, is_superseded};
-use recall::memory::message::{Message, Role};
+use recall::memory::message::{leading_instructions, Message, Role};
 use recall::memory::render::{check, outbound};
 use recall::memory::session::{Joins, Policy, Reply, Session, Store, TurnRequest};
 use recall::memory::tokens::Encoding;
@@ -65,6 +66,10 @@ enum Act {
     },
     /// The session API adds an assistant message.
     Command,
+    /// A one-off developer note after the conversation so far (as Pipecat
+    /// adds when a barge-in yields no transcript), answered; kept in the
+    /// client's context from then on.
+    Note,
 }
 
 fn act() -> impl Strategy<Value = Act> {
@@ -79,6 +84,7 @@ fn act() -> impl Strategy<Value = Act> {
         1 => Just(Act::EditEarlier),
         1 => any::<bool>().prop_map(|answered| Act::Tools { answered }),
         1 => Just(Act::Command),
+        1 => Just(Act::Note),
     ]
 }
 
@@ -120,6 +126,7 @@ impl World {
             memory: Default::default(),
             long_term: Default::default(),
             on_new_request: OnNewRequest::Interrupt,
+            barge_in_after_close_ms: 0,
             metrics: Arc::new(Metrics::default()),
             notifier: Arc::new(LogOnly),
             storage: Arc::new(Storage::Memory),
@@ -162,6 +169,8 @@ impl World {
     }
 
     fn begin(&mut self, sent: &[Message], retrying: bool) -> Reply {
+        // As the chat path does: the leading instructions go ahead, unstored.
+        let sent = &sent[leading_instructions(sent)..];
         self.now += 1;
         self.policy.clock.advance(1);
         let rules = rules(InterruptedRendering::Truncated, Roles::Any, false);
@@ -335,6 +344,19 @@ impl World {
                     self.session
                         .append_messages(&self.policy, vec![reply(&text)], self.now);
                 assert!(added.is_ok());
+            }
+            Act::Note if !self.view.is_empty() => {
+                let note = Message::new(Role::Developer, self.fresh("note"));
+                let sent = self.request(std::slice::from_ref(&note));
+                let flight = self.begin(&sent, false);
+                let r = reply(&self.fresh("noted"));
+                self.answer(&flight, r.clone());
+                // Sent alone, it leads the request: an instruction for it.
+                if matches!(self.kind, Kind::Delta) {
+                    self.view.push(r);
+                } else {
+                    self.view.extend([note, r]);
+                }
             }
             // Not something this client can do now.
             _ => {}

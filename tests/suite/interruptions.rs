@@ -685,3 +685,108 @@ async fn a_broken_stream_records_exactly_what_the_client_received() {
         assert!(interrupted(m), "{}", m["metadata"]);
     }
 }
+
+/// A series of `GET /metrics`, as a number.
+async fn counted(h: &Harness, cause: &str) -> f64 {
+    let text = h.metrics().await;
+    let series = format!("recall_interruptions_total{{cause=\"{cause}\"}}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str())?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{text}"))
+}
+
+/// What storage holds of a session's message (nothing to read with memory
+/// storage, whose history is the server's).
+async fn stored_cause(h: &Harness, session: &str, index: usize) -> Option<String> {
+    let loaded = h.app.policy.storage.load(session).await.unwrap()?;
+    let m = &loaded.messages[index];
+    Some(m.meta_str("cut_by").unwrap_or_default().to_owned())
+}
+
+const CLOSE_WINDOW: &str = "[interruption]\nbarge_in_after_close_ms = 1000\n";
+
+/// Pipecat cancels the stream when its user barges in, and sends the next
+/// turn only after the close: recall records the close as `client_gone`
+/// at once, and the request that follows within `barge_in_after_close_ms`
+/// makes it a barge-in, in the history, in storage and in the metrics,
+/// counted once.
+#[tokio::test]
+async fn a_request_soon_after_its_client_closed_the_stream_makes_the_close_a_barge_in() {
+    let h = Harness::start(CLOSE_WINDOW, "").await;
+    h.upstream.push(sse_text(&JOKE, Duration::from_millis(250)));
+    let (stream, _) = stream_until(&h, "pipe", "joke", "Why did").await;
+    drop(stream);
+    let record = wait_for(&h, "pipe", 1, Duration::from_secs(2), interrupted).await;
+    assert_eq!(record["metadata"]["cut_by"], "client_gone");
+    assert_eq!(
+        counted(&h, "client_gone").await,
+        0.0,
+        "not counted before it is known"
+    );
+
+    h.say("pipe", "a story instead").await;
+    let (_, hist) = h.history("pipe").await;
+    let record = &hist["contents"][1];
+    assert_eq!(record["metadata"]["cut_by"], "new_request", "{record}");
+    assert_eq!(record["content"], "Why did ");
+    assert_eq!(h.transcript("pipe").await.len(), 4);
+    if let Some(cause) = stored_cause(&h, "pipe", 1).await {
+        assert_eq!(cause, "new_request", "storage holds the corrected cause");
+    }
+    assert_eq!(counted(&h, "new_request").await, 1.0);
+    assert_eq!(counted(&h, "client_gone").await, 0.0);
+
+    // The drain's late original keeps the cause; the wait for a request
+    // ends and counts nothing more.
+    let record = wait_for(&h, "pipe", 1, Duration::from_secs(5), original_complete).await;
+    assert_eq!(record["metadata"]["original"], JOKE_TEXT);
+    assert_eq!(record["metadata"]["cut_by"], "new_request");
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    assert_eq!(counted(&h, "new_request").await, 1.0);
+    assert_eq!(counted(&h, "client_gone").await, 0.0);
+    if let Some(cause) = stored_cause(&h, "pipe", 1).await {
+        assert_eq!(cause, "new_request");
+    }
+}
+
+/// A client that closes and does not come back within the window left:
+/// counted as `client_gone` once the wait ends, and a later request
+/// changes nothing.
+#[tokio::test]
+async fn a_close_with_no_request_after_it_stays_client_gone_and_is_counted_once() {
+    let h = Harness::start("[interruption]\nbarge_in_after_close_ms = 200\n", "").await;
+    h.upstream.push(sse_text(&JOKE, Duration::from_millis(100)));
+    let (stream, _) = stream_until(&h, "left", "joke", "Why did").await;
+    drop(stream);
+    wait_for(&h, "left", 1, Duration::from_secs(2), interrupted).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counted(&h, "client_gone").await == 0.0 {
+        assert!(Instant::now() < deadline, "the close was never counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.say("left", "hello again").await;
+    let (_, hist) = h.history("left").await;
+    assert_eq!(hist["contents"][1]["metadata"]["cut_by"], "client_gone");
+    assert_eq!(counted(&h, "client_gone").await, 1.0);
+    assert_eq!(counted(&h, "new_request").await, 0.0);
+}
+
+/// A request after the window, or the same request again (a retry), is no
+/// barge-in; the close is counted when that request reads it.
+#[tokio::test]
+async fn a_retry_soon_after_a_close_is_no_barge_in() {
+    let h = Harness::start(CLOSE_WINDOW, "").await;
+    h.upstream.push(sse_text(&JOKE, Duration::from_millis(250)));
+    let (stream, _) = stream_until(&h, "retry", "joke", "Why did").await;
+    drop(stream);
+    wait_for(&h, "retry", 1, Duration::from_secs(2), interrupted).await;
+    h.say("retry", "joke").await;
+    let path = "/v1/sessions/retry/history?include_superseded=true";
+    let (_, all) = h.api(reqwest::Method::GET, path, None).await;
+    let cut = &all["contents"][1];
+    assert_eq!(cut["metadata"]["cut_by"], "client_gone", "{all}");
+    assert_eq!(cut["metadata"]["superseded_by"], "retry", "{all}");
+    assert_eq!(counted(&h, "client_gone").await, 1.0);
+    assert_eq!(counted(&h, "new_request").await, 0.0);
+}

@@ -135,6 +135,86 @@ async fn system_messages_come_first_in_order_and_are_not_stored() {
     );
 }
 
+fn developer(text: &str) -> Value {
+    json!({"role": "developer", "content": text})
+}
+
+const NOTE: &str = "Your reply was cut off: ask the user to repeat.";
+
+/// A framework that resends its whole context adds a one-off note after a
+/// reply (Pipecat, when a barge-in yields no transcript) and keeps it in
+/// every later request: it is stored once, in its place, and sent there,
+/// never as a standing instruction ahead of the history.
+#[tokio::test]
+async fn a_note_inside_the_conversation_keeps_its_place() {
+    let h = Harness::start("[[system_messages]]\ncontent = \"config\"\n", "").await;
+    let prompt = system("Be kind.");
+    let mut context = vec![prompt.clone(), user("joke?")];
+    let (status, _) = h
+        .chat(Some("note"), json!({"model": "m", "messages": context}))
+        .await;
+    assert_eq!(status, 200);
+    context.extend([assistant("reply 1"), developer(NOTE)]);
+    let (status, _) = h
+        .chat(Some("note"), json!({"model": "m", "messages": context}))
+        .await;
+    assert_eq!(status, 200);
+    let in_place = [
+        "system: config",
+        "system: Be kind.",
+        "user: joke?",
+        "assistant: reply 1",
+        &format!("developer: {NOTE}"),
+    ];
+    assert_eq!(h.upstream.last().transcript(), in_place);
+    context.extend([assistant("reply 2"), user("a story")]);
+    let (status, _) = h
+        .chat(Some("note"), json!({"model": "m", "messages": context}))
+        .await;
+    assert_eq!(status, 200);
+    let mut expected: Vec<String> = in_place.iter().map(|s| s.to_string()).collect();
+    expected.extend(["assistant: reply 2".into(), "user: a story".into()]);
+    assert_eq!(h.upstream.last().transcript(), expected);
+    assert_eq!(
+        h.transcript("note").await,
+        [
+            "user: joke?",
+            "assistant: reply 1",
+            &format!("developer: {NOTE}"),
+            "assistant: reply 2",
+            "user: a story",
+            "assistant: reply 3"
+        ]
+    );
+    // A delta client's next turn sees it in its place too.
+    h.say("note", "the end?").await;
+    let sent = h.upstream.last().transcript();
+    let note = format!("developer: {NOTE}");
+    let head = ["system: config", "user: joke?", "assistant: reply 1", &note];
+    assert_eq!(sent[..4], head);
+    assert_eq!(sent.len(), 8, "{sent:?}");
+}
+
+/// Once the window starts after the note, it goes with the messages
+/// around it; it never moves to the top.
+#[tokio::test]
+async fn a_note_leaves_the_window_with_its_neighbours() {
+    let h = Harness::start("[history]\nwindow_messages = 3\n", "").await;
+    let mut context = vec![user("joke?"), assistant("reply 0"), developer(NOTE)];
+    h.upstream.push(completion("Say again?"));
+    let (status, _) = h
+        .chat(Some("w"), json!({"model": "m", "messages": context}))
+        .await;
+    assert_eq!(status, 200);
+    context.extend([assistant("Say again?"), user("a story")]);
+    let (status, _) = h
+        .chat(Some("w"), json!({"model": "m", "messages": context}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(h.upstream.last().transcript(), ["user: a story"]);
+    assert_eq!(h.transcript("w").await.len(), 6);
+}
+
 #[tokio::test]
 async fn window_by_count_sends_only_the_newest_messages() {
     let h = Harness::start(

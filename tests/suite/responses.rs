@@ -91,6 +91,70 @@ async fn a_chain_sends_the_window_and_keeps_instructions_to_their_own_response()
     );
 }
 
+/// Input items: a developer message before the first other item steers
+/// this response only; one after it is input, stored in its place and sent
+/// there on the chain's later turns.
+#[tokio::test]
+async fn a_developer_item_inside_the_input_is_kept_in_place() {
+    let h = Harness::default().await;
+    let r1 = ok(&h, json!({"model": "m", "input": "joke?"})).await;
+    let r2 = ok(
+        &h,
+        json!({"model": "m", "previous_response_id": r1["id"], "input": [
+            {"role": "developer", "content": "Once only."},
+            {"role": "user", "content": "again?"},
+            {"role": "developer", "content": "Answer in one line."}]}),
+    )
+    .await;
+    assert_eq!(
+        h.upstream.last().transcript(),
+        [
+            "developer: Once only.",
+            "user: joke?",
+            "assistant: reply 1",
+            "user: again?",
+            "developer: Answer in one line."
+        ]
+    );
+    let session = session_of(&r2);
+    assert_eq!(
+        h.transcript(&session).await,
+        [
+            "user: joke?",
+            "assistant: reply 1",
+            "user: again?",
+            "developer: Answer in one line.",
+            "assistant: reply 2"
+        ]
+    );
+    let id = r2["id"].as_str().unwrap();
+    let (status, items) = h
+        .api(
+            Method::GET,
+            &format!("/v1/responses/{id}/input_items?order=asc"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{items}");
+    let roles: Vec<&str> = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "developer"], "{items}");
+    ok(
+        &h,
+        json!({"model": "m", "previous_response_id": r2["id"], "input": "thanks"}),
+    )
+    .await;
+    assert_eq!(
+        h.upstream.last().transcript()[3],
+        "developer: Answer in one line."
+    );
+    assert_eq!(h.upstream.last().transcript().len(), 6);
+}
+
 #[tokio::test]
 async fn continuing_an_older_response_forks_and_leaves_the_other_branch_as_it_was() {
     let h = Harness::default().await;

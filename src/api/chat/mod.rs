@@ -191,8 +191,11 @@ pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
         tracing::Span::current().record("session", target.id.as_str());
     }
 
-    let (instructions, mut conversation): (Vec<Message>, Vec<Message>) =
-        messages.into_iter().partition(Message::is_instruction);
+    // The system and developer messages before the conversation steer this
+    // request; one the client placed inside it stays where it is.
+    let mut instructions = messages;
+    let mut conversation =
+        instructions.split_off(crate::memory::message::leading_instructions(&instructions));
     if let Some(user) = &user {
         label_user(&mut conversation, user);
     }

@@ -116,9 +116,10 @@ fn new_items(body: &Map<String, Value>, max: usize) -> Result<Vec<Message>, ApiE
         .into());
     }
     let messages = items_to_messages(list, "items")?;
-    if let Some(i) = messages.iter().position(Message::is_instruction) {
+    // As on the chat path: leading ones are instructions, and go elsewhere.
+    if crate::memory::message::leading_instructions(&messages) > 0 {
         return Err(RequestError::invalid(
-            format!("`items[{i}]` is a {} message: instructions go in a response's `instructions`, or in the session's system_messages", messages[i].role),
+            format!("`items[0]` is a {} message: instructions go in a response's `instructions`, or in the session's system_messages", messages[0].role),
             Some("items"),
         )
         .into());

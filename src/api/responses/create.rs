@@ -77,8 +77,11 @@ pub async fn create(
 
     let now_ms = app.policy.clock.now_ms();
     let key = ids::new_key();
-    let input_items = messages.iter().filter(|m| !m.is_instruction()).count();
-    let Some(first) = messages.iter_mut().find(|m| !m.is_instruction()) else {
+    // The input's leading system and developer messages (and `instructions`)
+    // steer this response only; the rest is its input, stored.
+    let leading = crate::memory::message::leading_instructions(&messages);
+    let input_items = messages.len() - leading;
+    let Some(first) = messages.get_mut(leading) else {
         return Err(RequestError::invalid(
             "`input` must hold at least one message or function call output",
             Some("input"),

@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | `instructions` | a system message first (this response only) |
 //! | `input`: a string | one user message |
-//! | `input`: message items (`input_text`, `output_text`, `input_image` parts) | messages of the item's role; `system` and `developer` ones are instructions |
+//! | `input`: message items (`input_text`, `output_text`, `input_image` parts) | messages of the item's role; `system` and `developer` ones before the first other item are instructions (this response only), later ones are input, stored in place |
 //! | `input`: `function_call` items | one assistant message with their `tool_calls` |
 //! | `input`: `function_call_output` | a `tool` message |
 //! | `input`: `reasoning` items | left out: a chat upstream cannot take them back |

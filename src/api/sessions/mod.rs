@@ -220,13 +220,18 @@ fn message_list(body: Value, keys: &[&str]) -> Result<Vec<Message>, ApiError> {
 }
 
 /// History holds the conversation; instructions go to `system_messages`.
+/// A system or developer message after a conversation message is part of
+/// the conversation, as on the chat path (and as the history shows it).
 pub(crate) fn no_instructions(messages: &[Message]) -> Result<(), ApiError> {
-    match messages.iter().position(Message::is_instruction) {
-        Some(i) => Err(RequestError::invalid(
-            format!("messages[{i}] is a {} message: set those with PUT /v1/sessions/{{id}}/system_messages", messages[i].role),
-            Some(&format!("messages[{i}].role")),
-        )
-        .into()),
-        None => Ok(()),
+    if crate::memory::message::leading_instructions(messages) == 0 {
+        return Ok(());
     }
+    Err(RequestError::invalid(
+        format!(
+            "messages[0] is a {} message: set those with PUT /v1/sessions/{{id}}/system_messages",
+            messages[0].role
+        ),
+        Some("messages[0].role"),
+    )
+    .into())
 }

@@ -27,8 +27,10 @@ pub use mark::{ResponseMark, KEY as MARK_KEY};
 pub use metadata::Metadata;
 pub use parse::{check_messages, parse_messages, MessageError};
 
-/// A chat message's role. `system` and `developer` are instructions: they
-/// are sent upstream but never stored in a session's history.
+/// A chat message's role. `system` and `developer` messages before any
+/// other message of a request are instructions: sent upstream first, never
+/// stored. Placed inside the conversation, they are part of it
+/// (`leading_instructions`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     System,
@@ -95,6 +97,18 @@ pub const OPENAI_FIELDS: &[&str] = &[
     "audio",
     "function_call",
 ];
+
+/// How many of `messages` are the request's instructions: the system and
+/// developer messages before its first other message. Those steer this
+/// request and are not stored; one placed after a user or assistant message
+/// (a one-off note mid-conversation) is part of the conversation, stored
+/// and sent where the client put it.
+pub fn leading_instructions(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .position(|m| !m.is_instruction())
+        .unwrap_or(messages.len())
+}
 
 pub mod source {
     pub const MESSAGE: &str = "message";
@@ -286,7 +300,8 @@ impl Message {
         self.tidy();
     }
 
-    /// System and developer messages steer the model; they are not memory.
+    /// A system or developer message: it steers the model. Whether it is
+    /// memory depends on where it stands (`leading_instructions`).
     pub fn is_instruction(&self) -> bool {
         matches!(self.role, Role::System | Role::Developer)
     }

@@ -37,3 +37,25 @@ fn char_cost_counts_text_chars_and_structured_json() {
         parts.to_string().len()
     );
 }
+
+#[test]
+fn only_leading_system_and_developer_messages_are_instructions() {
+    let m = |role| Message::new(role, "x");
+    let request = [
+        m(Role::System),
+        m(Role::Developer),
+        m(Role::User),
+        m(Role::Assistant),
+        m(Role::Developer),
+        m(Role::User),
+    ];
+    assert_eq!(leading_instructions(&request), 2);
+    assert_eq!(leading_instructions(&request[2..]), 0);
+    assert_eq!(
+        leading_instructions(&request[4..]),
+        1,
+        "a request of its own"
+    );
+    assert_eq!(leading_instructions(&[m(Role::System)]), 1);
+    assert_eq!(leading_instructions(&[]), 0);
+}

@@ -160,7 +160,9 @@ fn walk_forward<H: Borrow<Message>>(
         match lines_up(stored, &incoming[i]) {
             Match::Same => {}
             Match::Shortened(text) => walk.shortened.push((vis[k], text)),
-            Match::No if may_be_left_out(stored) => {
+            // A note where the request has another note is changed, not
+            // left out.
+            Match::No if may_be_left_out(stored) && !both_notes(stored, &incoming[i]) => {
                 k += 1;
                 continue;
             }
@@ -177,4 +179,9 @@ fn walk_forward<H: Borrow<Message>>(
     walk.i = i;
     walk.k = k;
     walk
+}
+
+/// Two system or developer messages: the one sent replaces the stored one.
+fn both_notes(stored: &Message, sent: &Message) -> bool {
+    stored.is_instruction() && sent.is_instruction()
 }

@@ -29,7 +29,7 @@ use compare::{lines_up, Match};
 use diverge::diverge;
 
 /// What a request does to the stored history (`H`), given what it sends
-/// (`M`, without instructions).
+/// (`M`, without its leading instructions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// `M[from..]` is new: append it.
@@ -128,8 +128,10 @@ pub struct Hints {
     pub retry: bool,
 }
 
-/// Decides what a request does to the history. Instructions (system and
-/// developer messages) must already have been removed from `incoming`.
+/// Decides what a request does to the history. The request's leading
+/// instructions (`message::leading_instructions`) must already have been
+/// removed from `incoming`; a system or developer message inside the
+/// conversation lines up like any other message.
 ///
 /// In order:
 /// 1. **Retry**: the request adds nothing to the history without its
@@ -145,9 +147,10 @@ pub struct Hints {
 /// 4. Otherwise everything is new (a delta client).
 ///
 /// Stored messages a client may not have are skipped when they do not
-/// line up: interrupted replies, failure records, and what recall added
-/// without the client (`greeting`, `command`, `silence`); superseded
-/// messages are invisible. A request that matches only by skipping an
+/// line up: interrupted replies, failure records, what recall added
+/// without the client (`greeting`, `command`, `silence`), and system or
+/// developer messages inside the conversation; superseded messages are
+/// invisible. A request that matches only by skipping an
 /// interrupted reply at the very end is a new utterance (the user said
 /// the same thing again after being cut off), not a retry.
 pub fn reconcile<H: Borrow<Message>>(
@@ -231,9 +234,11 @@ fn visible<H: Borrow<Message>>(history: &[H]) -> impl Iterator<Item = &Message> 
         .filter(|m| !is_superseded(m))
 }
 
-/// Stored messages a resend may leave out without differing.
+/// Stored messages a resend may leave out without differing. A system or
+/// developer message stored inside the conversation is one: a client may
+/// have sent it for one request only.
 fn may_be_left_out(m: &Message) -> bool {
-    added_by_recall(m) || (m.role == "assistant" && is_interrupted(m))
+    added_by_recall(m) || (m.role == "assistant" && is_interrupted(m)) || m.is_instruction()
 }
 
 #[derive(Debug, Default)]
@@ -331,7 +336,9 @@ fn align<H: Borrow<Message>>(history: &[H], start: usize, incoming: &[Message]) 
                     continue;
                 }
                 if may_be_left_out(stored) {
-                    skipped_interrupted_at_end = true;
+                    // A note left out says nothing of whether the request's
+                    // last message was said again.
+                    skipped_interrupted_at_end |= !stored.is_instruction();
                     continue;
                 }
                 return None;

@@ -517,3 +517,72 @@ proptest::proptest! {
         proptest::prop_assert_eq!(fast.shortened, slow.shortened);
     }
 }
+
+fn dev(text: &str) -> Message {
+    Message::new(Role::Developer, text)
+}
+
+const REPEAT: &str = "Your reply was cut off: ask the user to repeat.";
+
+#[test]
+fn a_note_inside_the_conversation_is_new_once_then_lines_up() {
+    // A framework's one-off note after a cut reply, sent with the heard text.
+    let h = [u("joke?"), cut("Why did", "Why did the scarecrow win?")];
+    let r = reconcile(&h, &[u("joke?"), a("Why"), dev(REPEAT)], Hints::default());
+    assert_eq!(r.decision, Decision::Append { from: 2 });
+    assert_eq!(r.shortened, vec![(1, "Why".to_owned())]);
+    // Stored in its place, it lines up with every resend that carries it.
+    let h = [
+        u("joke?"),
+        cut("Why", "Why did"),
+        dev(REPEAT),
+        a("Say again?"),
+    ];
+    let m = [
+        u("joke?"),
+        a("Why"),
+        dev(REPEAT),
+        a("Say again?"),
+        u("a story"),
+    ];
+    assert_eq!(contents(to_append(&h, &m)), ["a story"]);
+    let h = [
+        u("joke?"),
+        cut("Why", "Why did"),
+        dev(REPEAT),
+        a("Say again?"),
+        u("a story"),
+        a("Once"),
+    ];
+    let mut m = m.to_vec();
+    m.extend([a("Once"), u("the end?")]);
+    assert_eq!(contents(to_append(&h, &m)), ["the end?"]);
+}
+
+#[test]
+fn the_same_note_again_later_is_a_new_note() {
+    let h = [u("1"), a("b"), dev(REPEAT), a("Say again?")];
+    let m = [u("1"), a("b"), dev(REPEAT), a("Say again?"), dev(REPEAT)];
+    assert_eq!(contents(to_append(&h, &m)), [REPEAT]);
+}
+
+#[test]
+fn a_resend_may_leave_out_a_note_it_sent_for_one_request() {
+    let h = [u("q"), dev("answer in JSON"), a("{}")];
+    let m = [u("q"), a("{}"), u("next")];
+    let r = reconcile(&h, &m, Hints::default());
+    assert_eq!(r.decision, Decision::Append { from: 2 });
+    // Left out at the end, it makes no repeated utterance of the message
+    // before it: that was answered.
+    let h = [u("q"), a("{}"), u("next"), dev("be brief")];
+    let r = reconcile(&h, &[u("q"), a("{}"), u("next")], Hints::default());
+    assert_eq!(r.decision, Decision::Append { from: 3 });
+}
+
+#[test]
+fn a_changed_note_is_an_edit() {
+    let h = [u("1"), a("b"), dev("be brief"), a("ok"), u("2"), a("c")];
+    let m = [u("1"), a("b"), dev("be long"), a("ok"), u("2")];
+    let r = reconcile(&h, &m, Hints::default());
+    assert_eq!(r.decision, Decision::Diverge { at: 2, from: 2 });
+}

@@ -61,6 +61,9 @@ pub fn check<H: Borrow<Message>>(messages: &[H], roles: Roles, whole: bool) -> R
         if m.role == "assistant" && !m.has_tool_calls() && m.content.is_null() && !legacy_call(m) {
             return Err(format!("assistant message {i} is empty"));
         }
+        if roles == Roles::Alternate && m.is_instruction() {
+            return Err(format!("message {i} is a {} message", m.role));
+        }
         if roles == Roles::Alternate && i > 0 {
             let p = at(i - 1);
             // A call (of either kind) may follow a reply: it is not text.

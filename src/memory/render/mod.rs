@@ -16,6 +16,10 @@
 //!   sent (the rendered text, and in vendor "custom" mode the extension
 //!   fields too), except that the newest user message and what follows it
 //!   are always sent;
+//! - sends a system or developer message stored inside the conversation
+//!   where it stands (it leaves the window with the messages around it);
+//!   with `roles = "alternate"` as a user message, since such templates
+//!   take a system message first only;
 //! - with `roles = "alternate"`, has no two plain messages of one role in
 //!   a row: they are merged, joined by a blank line.
 //!

@@ -409,3 +409,65 @@ fn a_gap_sends_exactly_the_plain_window() {
         assert_eq!((sent.start, sent.plain_start), (plain.start, plain.start));
     }
 }
+
+fn dev(t: &str) -> Message {
+    Message::new(Role::Developer, t)
+}
+
+#[test]
+fn a_note_inside_the_conversation_is_sent_where_it_stands() {
+    let cut =
+        interruption::interrupted_reply(a("Why"), &a("Why did"), true, 3, None, "new_request");
+    let h = [
+        u("joke?"),
+        cut,
+        dev("ask again"),
+        a("Say again?"),
+        u("a story"),
+    ];
+    let all = [
+        "user:joke?",
+        "assistant:Why",
+        "developer:ask again",
+        "assistant:Say again?",
+        "user:a story",
+    ];
+    assert_eq!(shown(&h, &rules(), Limits::default()), all);
+    assert_eq!(shown(&h, &rules(), count(5)), all);
+    // It leaves the window with the messages around it: a window never
+    // starts with it.
+    assert_eq!(shown(&h, &rules(), count(4)), ["user:a story"]);
+    let h = [u("1"), a("a"), dev("be brief"), u("2"), a("b")];
+    assert_eq!(shown(&h, &rules(), count(4)), ["user:2", "assistant:b"]);
+}
+
+#[test]
+fn with_alternating_roles_a_note_goes_as_the_users() {
+    let mut r = rules();
+    r.roles = Roles::Alternate;
+    let h = [
+        u("joke?"),
+        a("Why"),
+        dev("ask again"),
+        a("Say again?"),
+        u("a story"),
+    ];
+    assert_eq!(
+        shown(&h, &r, Limits::default()),
+        [
+            "user:joke?",
+            "assistant:Why",
+            "user:ask again",
+            "assistant:Say again?",
+            "user:a story"
+        ]
+    );
+    // Beside a user message, the two are one.
+    let h = [u("1"), a("a"), u("2"), dev("be brief")];
+    assert_eq!(
+        shown(&h, &r, Limits::default()),
+        ["user:1", "assistant:a", "user:2\n\nbe brief"]
+    );
+    assert!(check(&[u("1"), a("a"), dev("x")], Roles::Alternate, true).is_err());
+    assert!(check(&[u("1"), a("a"), dev("x")], Roles::Any, true).is_ok());
+}

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{legacy_call, Stored, Unit};
+use crate::config::Roles;
 use crate::memory::interruption::{self, is_superseded};
 use crate::memory::message::{Message, Role};
 use crate::proxy::vendor::VendorRules;
@@ -32,6 +33,15 @@ impl<H: Stored> Units<'_, H> {
     fn rendered(&self, i: usize) -> Option<Arc<Message>> {
         let stored = &self.history[i];
         let m: &Message = stored.borrow();
+        if m.is_instruction() && self.rules.roles == Roles::Alternate {
+            // Templates that need user and assistant to alternate take a
+            // system message first only: a note inside the conversation
+            // goes as the user's (as Pipecat sends it to such services),
+            // merged with a user message beside it.
+            let mut note = m.clone();
+            note.role = Role::User;
+            return Some(Arc::new(note));
+        }
         match interruption::render(m, self.rules.interrupted, &self.rules.interrupted_marker)? {
             Cow::Borrowed(_) => Some(stored.share()),
             Cow::Owned(m) => Some(Arc::new(m)),

@@ -32,7 +32,7 @@ mod state;
 mod store;
 mod turn;
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use admin::{Appended, EndWhen, Ended, Overview};
@@ -89,6 +89,9 @@ pub struct Policy {
     /// Long-term memory (`[long_term]`).
     pub long_term: LongTermConfig,
     pub on_new_request: OnNewRequest,
+    /// `[interruption] barge_in_after_close_ms`: how soon after its client
+    /// closed a reply's stream a new request makes that cut a barge-in.
+    pub barge_in_after_close_ms: u64,
     pub metrics: Arc<Metrics>,
     pub notifier: Arc<dyn Notifier>,
     pub storage: Arc<Storage>,
@@ -100,6 +103,11 @@ pub struct Session {
     pub id: String,
     pub created_ms: i64,
     last_active_ms: AtomicI64,
+    /// The sequence number of a reply its client closed whose cause is not
+    /// counted yet (`record::UNCOUNTED` when none): the session's next
+    /// request says whether it was a barge-in. Beside the state, so that a
+    /// reload from shared storage keeps it.
+    uncounted_close: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -137,6 +145,7 @@ impl Session {
             id: id.to_owned(),
             created_ms: now_ms,
             last_active_ms: AtomicI64::new(now_ms),
+            uncounted_close: AtomicU64::new(record::UNCOUNTED),
             state: Mutex::new(State::new(Meta::default())),
         }
     }
@@ -147,6 +156,7 @@ impl Session {
             id: id.to_owned(),
             created_ms: loaded.meta.created_ms,
             last_active_ms: AtomicI64::new(loaded.meta.last_active_ms),
+            uncounted_close: AtomicU64::new(record::UNCOUNTED),
             state: Mutex::new(State::loaded(loaded)),
         }
     }

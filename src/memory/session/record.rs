@@ -2,7 +2,9 @@
 //! the session under its lock (`settle_reply`), and the interrupt
 //! endpoint's mark on a stored reply.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::state::State;
 use super::{Policy, Session};
@@ -11,6 +13,14 @@ use crate::memory::interruption::{self, Spoken};
 use crate::memory::message::Message;
 use crate::metrics::Cause;
 use crate::store::{Claim, Ticket};
+
+/// `Session::uncounted_close` when every close is counted.
+pub(super) const UNCOUNTED: u64 = u64::MAX;
+
+/// How long past `barge_in_after_close_ms` a close waits to be counted as
+/// a client that left, so that a request that arrived within it, and is
+/// still on its way to the session, is read first.
+const CLOSE_SLACK: Duration = Duration::from_secs(1);
 
 /// What the interrupt endpoint did.
 #[derive(Debug)]
@@ -52,7 +62,13 @@ impl Session {
             Record::Wait(ticket) => (None, ticket),
             Record::Settle(settle) => {
                 if let Settled::Interrupted(cause) = settle.kind {
-                    policy.metrics.interrupted(cause);
+                    if cause == Cause::ClientGone && policy.barge_in_after_close_ms > 0 {
+                        // Counted once the next request, or the wait for
+                        // one, says what the close was (`read_close`).
+                        self.hold_count(policy, ctx.next_seq);
+                    } else {
+                        policy.metrics.interrupted(cause);
+                    }
                 }
                 if let (Some((f, reason)), Some(reply)) = (settle.on_complete, &settle.reply) {
                     // The answer cache's own lock is a leaf.
@@ -97,6 +113,54 @@ impl Session {
                 (None, self.update_late(st, seq, policy, |m| change.apply(m)))
             }
         }
+    }
+
+    /// The close of the reply at `seq` is counted when its cause is known;
+    /// an earlier one still uncounted was a client that left.
+    fn hold_count(&self, policy: &Policy, seq: u64) {
+        let earlier = self.uncounted_close.swap(seq, Ordering::AcqRel);
+        if earlier != UNCOUNTED {
+            policy.metrics.interrupted(Cause::ClientGone);
+        }
+    }
+
+    /// Counts the close of the reply at `seq` as `cause`, unless it was
+    /// counted already: exactly one count per close.
+    pub(super) fn count_close(&self, policy: &Policy, seq: u64, cause: Cause) {
+        let taken = self.uncounted_close.compare_exchange(
+            seq,
+            UNCOUNTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if taken.is_ok() {
+            policy.metrics.interrupted(cause);
+        }
+    }
+
+    /// The reply whose close is not counted yet, if any.
+    pub(super) fn uncounted_close(&self) -> Option<u64> {
+        let seq = self.uncounted_close.load(Ordering::Acquire);
+        (seq != UNCOUNTED).then_some(seq)
+    }
+
+    /// After a client closed its reply: if no request of the session comes
+    /// within `barge_in_after_close_ms` (and a moment more, so that a
+    /// request read just inside it decides first), the client left.
+    pub(crate) fn await_next_request(self: &Arc<Self>, policy: &Arc<Policy>) {
+        let Some(seq) = self.uncounted_close() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.count_close(policy, seq, Cause::ClientGone);
+            return;
+        };
+        let wait = Duration::from_millis(policy.barge_in_after_close_ms) + CLOSE_SLACK;
+        let (session, policy) = (Arc::clone(self), Arc::clone(policy));
+        runtime.spawn(async move {
+            tokio::time::sleep(wait).await;
+            session.count_close(&policy, seq, Cause::ClientGone);
+        });
     }
 
     /// Holds the session's lease while `flight` is its reply in flight;

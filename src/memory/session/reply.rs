@@ -127,10 +127,14 @@ impl Reply {
 
     /// The client went away (its body or its request was dropped).
     pub fn client_gone(&self) {
-        self.report(Happened::Cut {
+        let (record, _) = self.report(Happened::Cut {
             spoken: None,
             cause: Cause::ClientGone,
         });
+        if let (Some(_), Some((session, policy))) = (record, &self.owner) {
+            // A request of the session soon after may make it a barge-in.
+            session.await_next_request(policy);
+        }
     }
 
     /// A non-streaming reply arrived whole. The ticket says when its

@@ -29,6 +29,7 @@ async fn policy(name: &str) -> Policy {
         memory: Default::default(),
         long_term: Default::default(),
         on_new_request: OnNewRequest::Interrupt,
+        barge_in_after_close_ms: 0,
         storage: Storage::open(&config, &metrics).await.unwrap(),
         metrics,
         notifier: Arc::new(LogOnly),

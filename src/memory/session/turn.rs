@@ -10,7 +10,7 @@ use super::{shared, Policy, Reply, Session};
 use crate::config::OnNewRequest;
 use crate::memory::chain::{self, Continue};
 use crate::memory::inflight::{Happened, InFlight};
-use crate::memory::interruption::{self, Spoken};
+use crate::memory::interruption::{self, Closed, Spoken};
 use crate::memory::message::Message;
 use crate::memory::reconcile::{self, Hints, Reconciled, Rewrite};
 use crate::memory::render;
@@ -275,6 +275,9 @@ impl Session {
             }
             Joins::Fork(_) => (None, 0),
         };
+        if !matches!(req.joins, Joins::Fork(_)) {
+            self.read_close(st, policy, rewrite == Some(Rewrite::Retry), &mut ops);
+        }
         st.last_key = req.idempotency_key.map(str::to_owned);
         let mut new = incoming[new_from..].to_vec();
         st.turn_id = turns::stamp_client_messages(&mut new, st.turn_id, st.last_visible(), now_ms);
@@ -354,6 +357,30 @@ impl Session {
         }
         let reason = found.rewrite(&st.messages, sent)?;
         self.supersede_from(st, policy, superseded_from, reason, now_ms, ops)
+    }
+
+    /// This request follows a reply its client closed mid-reply, maybe: if
+    /// soon enough and not to run that turn again, the close was the user
+    /// barging in (a client that cancels before it sends the next turn),
+    /// and the record says so, in storage too. The close is counted here,
+    /// once, as what it was (`count_close`).
+    fn read_close(&self, st: &mut State, policy: &Policy, retry: bool, ops: &mut Vec<Op>) {
+        // The clock under the lock: the wait for a request ends by it too.
+        let now_ms = policy.clock.now_ms();
+        let window = policy.barge_in_after_close_ms;
+        if let Some(i) = st.messages.len().checked_sub(1) {
+            let read = interruption::after_close(&st.messages[i], now_ms, window, retry);
+            if read == Some(Closed::BargeIn) {
+                st.edit_message(i, interruption::barged_in);
+                ops.push(self.set_op(st, i));
+                let seq = st.first_seq + i as u64;
+                self.count_close(policy, seq, Cause::NewRequest);
+                tracing::debug!(session = %self.id, seq, "a close followed by a request: a barge-in");
+            }
+        }
+        if let Some(seq) = self.uncounted_close() {
+            self.count_close(policy, seq, Cause::ClientGone);
+        }
     }
 
     /// What a Responses API turn does to this history (`chain::continues`);
