@@ -134,7 +134,8 @@ class Stack:
     """An upstream (scripted or llmock) and recall in front of it."""
 
     def __init__(self, upstream: str = "scripted", extra_config: str = "", env: dict | None = None,
-                 forward: str = "", upstream_config: str = "", window_messages: int = 20):
+                 forward: str = "", upstream_config: str = "", window_messages: int = 20,
+                 drain_timeout_secs: int = 10):
         if upstream not in KINDS:
             raise ValueError(f"upstream must be one of {KINDS}, not {upstream!r}")
         if (upstream == "tap") != bool(forward):
@@ -144,6 +145,7 @@ class Stack:
         # Keys added to the [[upstreams]] entry (max_concurrent, say).
         self.upstream_config = upstream_config
         self.window_messages = window_messages
+        self.drain_timeout_secs = drain_timeout_secs
         self.extra_config = extra_config
         # Variables recall gets on top of ours (a webhook secret, say).
         self.env = dict(env or {})
@@ -248,7 +250,7 @@ max_messages = 200
 
 [interruption]
 capture_original = true
-drain_timeout_secs = 10
+drain_timeout_secs = {self.drain_timeout_secs}
 
 [log]
 level = "info"

@@ -58,6 +58,9 @@ def llama_server():
 
 def real_stack(server, extra_config: str = "", upstream_config: str = "max_concurrent = 1\ntimeout_secs = 300",
                **kw) -> Stack:
+    # A real model on a busy 2-core machine may take long to finish a reply
+    # whose original a drain reads.
+    kw.setdefault("drain_timeout_secs", 120)
     return Stack("tap", forward=server.url, extra_config=extra_config, upstream_config=upstream_config, **kw)
 
 

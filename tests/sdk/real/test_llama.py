@@ -74,7 +74,6 @@ def test_a_stream_cut_mid_sentence_is_recorded_with_its_complete_original(stacks
     stack = stacks()
     c = client(stack, sid)
     stream = c.chat.completions.create(
-        # Short enough that its drain ends within the stack's 10 s on a busy machine.
         model=MODEL, stream=True, max_tokens=60, temperature=0,
         messages=[{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}])
     read = ""
