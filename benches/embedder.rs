@@ -272,6 +272,14 @@ async fn main() {
         .map(|s| model.embed(vec![s.clone()]));
     futures_util::future::join_all(calls).await;
     rate(&format!("{n} calls of one sentence at once"), n, t);
+    // The longest a text gets: the model's whole input (256 tokens for
+    // all-MiniLM-L6-v2), where attention's cost grows with its square.
+    let long = vec!["I am allergic to peanuts and I live in Hanoi. ".repeat(30); 8];
+    let t = Instant::now();
+    for _ in 0..4 {
+        model.embed(long.clone()).await.unwrap();
+    }
+    rate("8 texts of the longest a call (256 tokens each)", 32, t);
 }
 
 async fn scores<'a>(

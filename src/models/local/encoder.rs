@@ -1,60 +1,49 @@
-//! The model itself: texts to token ids, through candle's BERT, pooled
+//! The model itself: texts to token ids, through the BERT encoder, pooled
 //! and normalised as sentence-transformers does. Blocking: it runs on the
 //! embedder's own thread.
 
 use std::path::Path;
 
-use candle_core::{DType, Device, IndexOp, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::BertModel;
-use tokenizers::{Encoding, Tokenizer};
+use tokenizers::Tokenizer;
 
+use super::bert::Bert;
 use super::folder::{Folder, LoadError, Pooling};
+use super::weights::Weights;
 
-/// Texts run through the model in one pass, at most. A call's texts are
-/// sorted by length first, so that each pass pads its texts to about
-/// their own length rather than to the longest of the call.
-const PASS: usize = 32;
+/// Tokens run through the model in one pass, at most (a text alone may
+/// be longer): what a pass holds at once is a few of its rows of
+/// `intermediate_size` floats per token.
+const PASS_TOKENS: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EncodeError {
     #[error("cannot tokenize: {0}")]
     Tokenizer(String),
-    #[error(transparent)]
-    Model(#[from] candle_core::Error),
     #[error("the model panicked")]
     Panicked,
 }
 
 pub struct Encoder {
-    model: BertModel,
+    model: Bert,
     tokenizer: Tokenizer,
     pooling: Pooling,
-    pad_id: u32,
-    device: Device,
 }
 
 impl Encoder {
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
         let folder = Folder::read(dir)?;
         let file = &folder.weights;
-        // Read rather than mapped: the tensors are copied out of it, and a
-        // mapping would be unsafe against the file changing underneath.
         let bytes = std::fs::read(file).map_err(|source| LoadError::Read {
             file: file.clone(),
             source,
         })?;
-        let device = Device::Cpu;
-        let weights = VarBuilder::from_slice_safetensors(&bytes, DType::F32, &device)
-            .map_err(|e| LoadError::invalid(file, e))?;
+        let weights = Weights::read(&bytes).map_err(|e| LoadError::invalid(file, e))?;
         let model =
-            BertModel::load(weights, &folder.config).map_err(|e| LoadError::invalid(file, e))?;
+            Bert::load(&folder.config, &weights).map_err(|e| LoadError::invalid(file, e))?;
         Ok(Self {
             model,
             tokenizer: folder.tokenizer,
             pooling: folder.pooling,
-            pad_id: folder.config.pad_token_id as u32,
-            device,
         })
     }
 
@@ -64,45 +53,55 @@ impl Encoder {
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(|e| EncodeError::Tokenizer(e.to_string()))?;
-        let mut order: Vec<usize> = (0..encodings.len()).collect();
-        order.sort_by_key(|&i| encodings[i].len());
-        let mut out = vec![Vec::new(); encodings.len()];
-        for pass in order.chunks(PASS) {
-            let batch: Vec<&Encoding> = pass.iter().map(|&i| &encodings[i]).collect();
-            for (&i, v) in pass.iter().zip(self.pass(&batch)?) {
-                out[i] = v;
+        // The tokenizer cuts at max_seq_length, which the folder bounds by
+        // the position embeddings; this bounds it whatever the tokenizer.
+        let ids: Vec<&[u32]> = encodings
+            .iter()
+            .map(|e| &e.get_ids()[..e.len().min(self.model.max_positions)])
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        let mut start = 0;
+        while start < ids.len() {
+            let mut end = start + 1;
+            let mut tokens = ids[start].len();
+            while end < ids.len() && tokens + ids[end].len() <= PASS_TOKENS {
+                tokens += ids[end].len();
+                end += 1;
             }
+            out.extend(self.pass(&ids[start..end]));
+            start = end;
         }
         Ok(out)
     }
 
-    /// One forward pass over `batch`, padded to its longest.
-    fn pass(&self, batch: &[&Encoding]) -> Result<Vec<Vec<f32>>, EncodeError> {
-        let width = batch.iter().map(|e| e.len()).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(batch.len() * width);
-        let mut mask = Vec::with_capacity(batch.len() * width);
-        for e in batch {
-            ids.extend_from_slice(e.get_ids());
-            ids.resize(ids.len() + width - e.len(), self.pad_id);
-            mask.extend_from_slice(e.get_attention_mask());
-            mask.resize(mask.len() + width - e.len(), 0);
-        }
-        let shape = (batch.len(), width);
-        let ids = Tensor::from_vec(ids, shape, &self.device)?;
-        let mask = Tensor::from_vec(mask, shape, &self.device)?;
-        let kinds = ids.zeros_like()?;
-        let hidden = self.model.forward(&ids, &kinds, Some(&mask))?;
-        let pooled = match self.pooling {
-            Pooling::Mean => {
-                let kept = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-                let sum = hidden.broadcast_mul(&kept)?.sum(1)?;
-                sum.broadcast_div(&kept.sum(1)?)?
-            }
-            Pooling::Cls => hidden.i((.., 0))?,
-        };
-        let rows: Vec<Vec<f32>> = pooled.to_vec2()?;
-        Ok(rows.into_iter().map(normalised).collect())
+    /// One forward pass over `texts`, each pooled into a unit vector.
+    fn pass(&self, texts: &[&[u32]]) -> Vec<Vec<f32>> {
+        let h = self.model.hidden();
+        let tokens = self.model.forward(texts);
+        let mut rows = tokens.chunks_exact(h);
+        texts
+            .iter()
+            .map(|t| {
+                let own: Vec<&[f32]> = rows.by_ref().take(t.len()).collect();
+                normalised(pooled(self.pooling, &own, h))
+            })
+            .collect()
     }
+}
+
+/// A text's token vectors as one: their mean, or the first's.
+fn pooled(pooling: Pooling, rows: &[&[f32]], h: usize) -> Vec<f32> {
+    let mut v = vec![0f32; h];
+    let taken = match pooling {
+        Pooling::Mean => rows,
+        Pooling::Cls => &rows[..rows.len().min(1)],
+    };
+    for row in taken {
+        v.iter_mut().zip(*row).for_each(|(s, x)| *s += x);
+    }
+    let n = taken.len().max(1) as f32;
+    v.iter_mut().for_each(|s| *s /= n);
+    v
 }
 
 /// `v` at unit length (as sentence-transformers' Normalize: a zero vector

@@ -4,10 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_transformers::models::bert::Config as BertConfig;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationParams};
+
+use super::bert::Config as BertConfig;
 
 /// Why a folder cannot be loaded: always the file it is about.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +92,9 @@ impl Folder {
             ));
         }
         let config: BertConfig = parse(&config_file, &text)?;
+        if let Some(why) = config.unsupported() {
+            return Err(LoadError::invalid(&config_file, why));
+        }
         // sentence-transformers truncates at max_seq_length; a model that
         // does not say is bounded by its position embeddings.
         let sentence = dir.join(SENTENCE_CONFIG);
@@ -142,11 +146,11 @@ fn pooling(file: &Path, c: PoolingConfig) -> Result<Pooling, LoadError> {
 /// included) instead of what tokenizer.json says, as sentence-transformers
 /// does, and padding nothing.
 fn tokenizer(file: &Path, max_tokens: usize) -> Result<Tokenizer, LoadError> {
-    let bytes = std::fs::read(file).map_err(|source| LoadError::Read {
-        file: file.to_owned(),
-        source,
-    })?;
-    let mut t = Tokenizer::from_bytes(bytes).map_err(|e| LoadError::invalid(file, e))?;
+    // Parsed through FromStr, whose serde code is compiled with tokenizers
+    // itself rather than instantiated (and optimised) in recall.
+    let mut t: Tokenizer = read(file)?
+        .parse()
+        .map_err(|e| LoadError::invalid(file, e))?;
     t.with_padding(None);
     t.with_truncation(Some(TruncationParams {
         max_length: max_tokens,

@@ -7,10 +7,12 @@
 //! Calls queue to it; the calls waiting when it takes one are embedded
 //! with it, their texts in the same forward passes.
 
+mod bert;
 mod encoder;
 mod folder;
 #[cfg(test)]
 mod tests;
+mod weights;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
@@ -114,7 +116,7 @@ fn serve(encoder: &Encoder, queue: &mpsc::Receiver<Call>) {
             .collect();
         // A panic inside the model fails this round, not every later one.
         let vectors = catch_unwind(AssertUnwindSafe(|| encoder.embed(&all)))
-            .unwrap_or_else(|_| Err(encoder::EncodeError::Panicked));
+            .unwrap_or(Err(encoder::EncodeError::Panicked));
         match vectors {
             Ok(vectors) => {
                 let mut vectors = vectors.into_iter();

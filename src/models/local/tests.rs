@@ -118,3 +118,50 @@ async fn a_model_that_cannot_load_is_an_error_not_a_thread_that_waits() {
     };
     assert!(e.to_string().contains("config.json"), "{e}");
 }
+
+/// A safetensors file of the named tensors (dtype, shape), zeros.
+fn safetensors(tensors: &[(&str, &str, &[usize])]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut at = 0;
+    for (name, dtype, shape) in tensors {
+        let bytes = shape.iter().product::<usize>() * if *dtype == "F16" { 2 } else { 4 };
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, at + bytes]}),
+        );
+        at += bytes;
+    }
+    let header = serde_json::Value::Object(header).to_string();
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.resize(file.len() + at, 0);
+    file
+}
+
+#[test]
+fn weights_are_checked_by_name_type_and_shape() {
+    use super::weights::{Weights, WeightsError};
+    let file = safetensors(&[
+        ("embeddings.word_embeddings.weight", "F32", &[3, 2]),
+        ("bert.pooler.dense.bias", "F16", &[2]),
+        ("scale", "F16", &[2]),
+    ]);
+    let w = Weights::read(&file).unwrap();
+    assert_eq!(
+        w.matrix("embeddings.word_embeddings.weight", 3, 2).unwrap(),
+        vec![0.0; 6]
+    );
+    let why = |e: Result<Vec<f32>, WeightsError>| e.unwrap_err().to_string();
+    let shape = why(w.matrix("embeddings.word_embeddings.weight", 2, 3));
+    assert!(
+        shape.contains("[3, 2]") && shape.contains("[2, 3]"),
+        "{shape}"
+    );
+    assert!(why(w.vector("scale", 2)).contains("recall reads F32"));
+    assert!(why(w.vector("missing", 1)).contains("no tensor \"missing\""));
+    // A whole BertModel's checkpoint names its tensors under `bert.`.
+    let prefixed = safetensors(&[("bert.embeddings.LayerNorm.weight", "F32", &[2])]);
+    let w = Weights::read(&prefixed).unwrap();
+    assert_eq!(w.vector("embeddings.LayerNorm.weight", 2).unwrap().len(), 2);
+    assert!(Weights::read(b"nope").is_err());
+}
