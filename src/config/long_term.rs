@@ -224,7 +224,7 @@ impl LongTermConfig {
             }
         }
         if let Some(dir) = self.local_embedder() {
-            local_folder(dir).map_err(|m| ("embedding_model".to_owned(), m))?;
+            local_model(dir).map_err(|m| ("embedding_model".to_owned(), m))?;
         }
         if !(0.0..=1.0).contains(&self.merge_threshold) {
             return fail("merge_threshold", "must be between 0 and 1".into());
@@ -278,10 +278,10 @@ impl LongTermConfig {
     }
 }
 
-/// Whether a `local:` model can be loaded at all: this build runs one, and
-/// its directory is there (what is in it is read when the server starts).
-fn local_folder(dir: &Path) -> Result<(), String> {
-    let named = format!("(\"{LOCAL_MODEL_PREFIX}{}\")", dir.display());
+/// Whether a `local:` model can be named at all: this build runs one, and
+/// the name has a directory.
+fn local_model(dir: &Path) -> Result<(), String> {
+    let named = local_name(dir);
     if !cfg!(feature = "local-embedder") {
         return Err(format!(
             "{named} names a local model, but this recall was built without the \
@@ -294,9 +294,20 @@ fn local_folder(dir: &Path) -> Result<(), String> {
             "{named} must name a directory after `{LOCAL_MODEL_PREFIX}`"
         ));
     }
+    Ok(())
+}
+
+/// Whether a `local:` model's directory is there (what is in it is read
+/// when the server starts).
+pub(super) fn local_folder(dir: &Path) -> Result<(), String> {
+    let named = local_name(dir);
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
         Ok(_) => Err(format!("{named}: {} is not a directory", dir.display())),
         Err(e) => Err(format!("{named}: cannot read {}: {e}", dir.display())),
     }
+}
+
+fn local_name(dir: &Path) -> String {
+    format!("(\"{LOCAL_MODEL_PREFIX}{}\")", dir.display())
 }

@@ -362,7 +362,11 @@ fn an_embedding_model_must_be_served_unless_it_is_local() {
 #[test]
 fn a_local_embedding_model_needs_its_directory() {
     let missing = std::env::temp_dir().join("recall-no-such-model-dir");
-    let e = long_term_with(&format!("local:{}", missing.display()))
+    // A config is valid text before its files are in place; `recall check`
+    // and startup say what is missing.
+    let c = long_term_with(&format!("local:{}", missing.display())).unwrap();
+    let e = c
+        .check_files(Path::new("test.toml"))
         .unwrap_err()
         .to_string();
     assert!(
@@ -374,8 +378,12 @@ fn a_local_embedding_model_needs_its_directory() {
     let e = long_term_with("local:").unwrap_err().to_string();
     assert!(e.contains("must name a directory"), "{e}");
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let e = long_term_with(&format!("local:{file}"))
+    let c = long_term_with(&format!("local:{file}")).unwrap();
+    let e = c
+        .check_files(Path::new("test.toml"))
         .unwrap_err()
         .to_string();
     assert!(e.contains("is not a directory"), "{e}");
+    let there = long_term_with(&format!("local:{}", std::env::temp_dir().display())).unwrap();
+    assert!(there.check_files(Path::new("test.toml")).is_ok());
 }

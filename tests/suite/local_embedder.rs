@@ -251,3 +251,40 @@ async fn long_term_memory_recalls_by_meaning_with_the_local_embedder() {
     let asked = h.upstream.received();
     assert!(!asked.iter().any(|r| r.path.ends_with("/embeddings")));
 }
+
+/// config/local.toml names its model folder relative to where recall
+/// starts: `recall check` takes it there, and says what is missing where
+/// it is not.
+#[test]
+fn recall_check_says_when_the_model_folder_is_missing() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/config/local.toml");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("recall-local-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let check = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_recall"))
+            .args(["check", "--config", config])
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let out = check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for needle in [
+        "long_term.embedding_model",
+        "local.toml",
+        "cannot read models/all-MiniLM-L6-v2",
+    ] {
+        assert!(stderr.contains(needle), "{needle}: {stderr}");
+    }
+    std::fs::create_dir_all(dir.join("models/all-MiniLM-L6-v2")).unwrap();
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
