@@ -152,7 +152,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config = match Config::load(&path) {
+    let config = match Config::load(&path).and_then(|c| c.check_files(&path).map(|()| c)) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("recall: {e}");

@@ -2,7 +2,13 @@
 //! from conversations in the background, stored with embeddings, and
 //! recalled by meaning into later turns and sessions.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
+
+/// `embedding_model = "local:<dir>"`: a sentence-transformers folder recall
+/// runs itself (`models::local`) instead of a model an upstream serves.
+pub const LOCAL_MODEL_PREFIX: &str = "local:";
 
 pub const DEFAULT_NAMESPACE: &str = "/strategies/{strategy}/users/{user}";
 
@@ -89,7 +95,7 @@ pub struct LongTermConfig {
     /// The model that extracts facts, routed like any other.
     pub extract_model: Option<String>,
     /// The model that embeds facts and queries, called on its upstream's
-    /// `/v1/embeddings`.
+    /// `/v1/embeddings`, or `local:<dir>` to run one in process.
     pub embedding_model: Option<String>,
     pub embedding_encoding: EmbeddingEncoding,
     /// None: one `semantic` strategy.
@@ -133,9 +139,9 @@ impl Default for LongTermConfig {
             embedding_encoding: EmbeddingEncoding::Base64,
             strategies: Vec::new(),
             extract_every_turns: 3,
-            merge_threshold: 0.92,
+            merge_threshold: 0.93,
             limit: 5,
-            score_threshold: 0.5,
+            score_threshold: 0.2,
             template: "Relevant facts about the user:\n{facts}".into(),
             retrieve: Retrieve::Prefetch,
             inline_timeout_ms: 300,
@@ -188,6 +194,15 @@ impl LongTermConfig {
         }]
     }
 
+    /// The directory of a `local:` embedding model, as written: a relative
+    /// one is taken from the working directory, as `storage.path` is.
+    pub fn local_embedder(&self) -> Option<&Path> {
+        self.embedding_model
+            .as_deref()?
+            .strip_prefix(LOCAL_MODEL_PREFIX)
+            .map(Path::new)
+    }
+
     /// The failing key (within the section) and why; `served` says whether
     /// an upstream serves a model.
     pub(super) fn validate(&self, served: impl Fn(&str) -> bool) -> Result<(), (String, String)> {
@@ -201,11 +216,15 @@ impl LongTermConfig {
         ] {
             match model {
                 None => return fail(key, "must name a model (long_term is enabled)".into()),
+                Some(_) if key == "embedding_model" && self.local_embedder().is_some() => {}
                 Some(m) if !served(m) => {
                     return fail(key, format!("({m:?}) is served by no upstream's `models`"))
                 }
                 Some(_) => {}
             }
+        }
+        if let Some(dir) = self.local_embedder() {
+            local_model(dir).map_err(|m| ("embedding_model".to_owned(), m))?;
         }
         if !(0.0..=1.0).contains(&self.merge_threshold) {
             return fail("merge_threshold", "must be between 0 and 1".into());
@@ -257,4 +276,38 @@ impl LongTermConfig {
         }
         Ok(())
     }
+}
+
+/// Whether a `local:` model can be named at all: this build runs one, and
+/// the name has a directory.
+fn local_model(dir: &Path) -> Result<(), String> {
+    let named = local_name(dir);
+    if !cfg!(feature = "local-embedder") {
+        return Err(format!(
+            "{named} names a local model, but this recall was built without the \
+             `local-embedder` feature: build it with default features, or name a model \
+             an upstream serves"
+        ));
+    }
+    if dir.as_os_str().is_empty() {
+        return Err(format!(
+            "{named} must name a directory after `{LOCAL_MODEL_PREFIX}`"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a `local:` model's directory is there (what is in it is read
+/// when the server starts).
+pub(super) fn local_folder(dir: &Path) -> Result<(), String> {
+    let named = local_name(dir);
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{named}: {} is not a directory", dir.display())),
+        Err(e) => Err(format!("{named}: cannot read {}: {e}", dir.display())),
+    }
+}
+
+fn local_name(dir: &Path) -> String {
+    format!("(\"{LOCAL_MODEL_PREFIX}{}\")", dir.display())
 }

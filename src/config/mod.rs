@@ -112,6 +112,21 @@ impl Config {
         Ok(config)
     }
 
+    /// Whether the files the config names on this machine are there: what
+    /// `recall check` and startup check beyond `load`, which takes a config
+    /// whose files are not in place yet (the shipped ones name a model
+    /// folder the repository does not hold).
+    pub fn check_files(&self, path: &Path) -> Result<(), ConfigError> {
+        if let Some(dir) = self.long_term.local_embedder() {
+            long_term::local_folder(dir).map_err(|message| ConfigError::Invalid {
+                path: path.to_owned(),
+                key: "long_term.embedding_model".into(),
+                message,
+            })?;
+        }
+        Ok(())
+    }
+
     /// The config as TOML, with static upstream header values (which may
     /// hold keys) masked: what `recall check` prints.
     pub fn masked_toml(&self) -> String {

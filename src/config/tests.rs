@@ -325,3 +325,65 @@ fn structured_output_is_auto_unless_pinned() {
         .to_string();
     assert!(e.contains("structured_output"), "{e}");
 }
+
+/// `[long_term]` with this embedding model, and an upstream that serves
+/// only the extract model.
+fn long_term_with(embedding_model: &str) -> Result<Config, ConfigError> {
+    parse(&format!(
+        "[long_term]\nenabled = true\nextract_model = \"x\"\nembedding_model = \"{embedding_model}\"\n\
+         [[upstreams]]\nname = \"a\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodels = [\"x\"]\n"
+    ))
+}
+
+#[test]
+fn an_embedding_model_must_be_served_unless_it_is_local() {
+    let e = long_term_with("text-embedding-3-small")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("long_term.embedding_model") && e.contains("served by no upstream"),
+        "{e}"
+    );
+    let dir = std::env::temp_dir();
+    let local = long_term_with(&format!("local:{}", dir.display()));
+    if cfg!(feature = "local-embedder") {
+        let c = local.unwrap();
+        assert_eq!(c.long_term.local_embedder(), Some(dir.as_path()));
+    } else {
+        let e = local.unwrap_err().to_string();
+        assert!(
+            e.contains("long_term.embedding_model") && e.contains("`local-embedder` feature"),
+            "{e}"
+        );
+    }
+}
+
+#[cfg(feature = "local-embedder")]
+#[test]
+fn a_local_embedding_model_needs_its_directory() {
+    let missing = std::env::temp_dir().join("recall-no-such-model-dir");
+    // A config is valid text before its files are in place; `recall check`
+    // and startup say what is missing.
+    let c = long_term_with(&format!("local:{}", missing.display())).unwrap();
+    let e = c
+        .check_files(Path::new("test.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("long_term.embedding_model")
+            && e.contains(&format!("cannot read {}", missing.display()))
+            && e.contains("test.toml"),
+        "{e}"
+    );
+    let e = long_term_with("local:").unwrap_err().to_string();
+    assert!(e.contains("must name a directory"), "{e}");
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let c = long_term_with(&format!("local:{file}")).unwrap();
+    let e = c
+        .check_files(Path::new("test.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is not a directory"), "{e}");
+    let there = long_term_with(&format!("local:{}", std::env::temp_dir().display())).unwrap();
+    assert!(there.check_files(Path::new("test.toml")).is_ok());
+}

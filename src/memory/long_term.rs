@@ -159,10 +159,12 @@ pub fn facts_schema() -> Value {
 /// list alone (of objects or of strings), possibly inside a ```json fence;
 /// failing that, the first object or list among prose that holds facts;
 /// and of an answer `cut_off` at `max_tokens`, the whole facts before the
-/// cut. Anything else is malformed, and stores nothing; every item is
+/// cut. A line break or other control character written raw inside a
+/// string is read as if escaped. Anything else is malformed, and stores nothing; every item is
 /// checked, also those past `max`.
 pub fn facts(answer: &str, max: usize, cut_off: bool) -> Result<Facts, Malformed> {
-    let body = lenient::unfenced(answer.trim());
+    let body = lenient::controls_escaped(lenient::unfenced(answer.trim()));
+    let body = body.as_ref();
     let not_json = match serde_json::from_str::<Value>(body) {
         Ok(v) => return listed(v).and_then(|list| read(&list, max)),
         Err(e) => Malformed::NotJson(e.to_string()),

@@ -40,6 +40,8 @@ pub enum ModelError {
     Rejected(#[from] Rejected),
     #[error(transparent)]
     Malformed(#[from] Malformed),
+    #[error("the local embedding model failed: {0}")]
+    Local(String),
 }
 
 impl From<ModelError> for crate::error::ApiError {

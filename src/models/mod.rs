@@ -4,11 +4,15 @@
 //! configured upstream; how an answer of a shape is asked for
 //! (`structured`); and the `Runner` their jobs share: a global limit,
 //! a timeout per call, attempts with a doubling pause, and each call in
-//! the background class under its upstream's `max_concurrent`.
+//! the background class under its upstream's `max_concurrent`. With
+//! the `local-embedder` feature, `local` is an embedding model run in
+//! process.
 
 mod background;
 mod chat;
 mod embedding;
+#[cfg(feature = "local-embedder")]
+pub mod local;
 mod runner;
 pub mod structured;
 

@@ -13,7 +13,7 @@ use crate::long_term::{LongTerm, Parts};
 use crate::memory::message::{Message, Role};
 use crate::memory::session::{Policy, Store};
 use crate::metrics::{Cause, Metrics};
-use crate::models::{UpstreamChat, UpstreamEmbedding};
+use crate::models::{EmbeddingModel, UpstreamChat, UpstreamEmbedding};
 use crate::proxy::cache::AnswerCache;
 use crate::proxy::gate::{Acquire, Gate, Place};
 use crate::proxy::upstream::{BuildError, Upstreams};
@@ -79,32 +79,71 @@ fn chat_model(
 }
 
 /// Long-term memory, when enabled (validation made sure both its models
-/// are routed).
-fn long_term(
+/// are routed, or the embedding model is local).
+async fn long_term(
     config: &Config,
     upstreams: &Upstreams,
     policy: &Policy,
     records: &Arc<Records>,
     metrics: &Arc<Metrics>,
-) -> Option<Arc<LongTerm>> {
+) -> Result<Option<Arc<LongTerm>>, BuildError> {
     let c = &config.long_term;
     if !c.enabled {
-        return None;
+        return Ok(None);
     }
-    let (extract, embed) = (c.extract_model.as_ref()?, c.embedding_model.as_ref()?);
+    let (Some(extract), Some(embed)) = (&c.extract_model, &c.embedding_model) else {
+        return Ok(None);
+    };
+    let Some(chat) = chat_model(config, upstreams, extract, metrics) else {
+        return Ok(None);
+    };
+    let embedder: Arc<dyn EmbeddingModel> = match c.local_embedder() {
+        Some(dir) => local_embedder(embed, dir).await?,
+        None => match upstreams.route(embed) {
+            Some(upstream) => Arc::new(UpstreamEmbedding {
+                upstream: Arc::clone(upstream),
+                model: embed.clone(),
+                encoding: c.embedding_encoding,
+            }),
+            None => return Ok(None),
+        },
+    };
     let parts = Parts {
-        chat: Arc::new(chat_model(config, upstreams, extract, metrics)?),
-        embedder: Arc::new(UpstreamEmbedding {
-            upstream: Arc::clone(upstreams.route(embed)?),
-            model: embed.clone(),
-            encoding: c.embedding_encoding,
-        }),
+        chat: Arc::new(chat),
+        embedder,
         records: Arc::clone(records),
         storage: Arc::clone(&policy.storage),
         clock: policy.clock.clone(),
         metrics: Arc::clone(metrics),
     };
-    Some(Arc::new(LongTerm::new(c.clone(), parts)))
+    Ok(Some(Arc::new(LongTerm::new(c.clone(), parts))))
+}
+
+const EMBEDDING_MODEL_KEY: &str = "long_term.embedding_model";
+
+/// The `local:` embedding model, loaded before the server answers.
+#[cfg(feature = "local-embedder")]
+async fn local_embedder(
+    name: &str,
+    dir: &std::path::Path,
+) -> Result<Arc<dyn EmbeddingModel>, BuildError> {
+    match crate::models::local::LocalEmbedding::start(name, dir).await {
+        Ok(model) => Ok(Arc::new(model)),
+        Err(e) => Err(BuildError::new(EMBEDDING_MODEL_KEY, e)),
+    }
+}
+
+/// Validation refuses a `local:` model in a build without one; this says
+/// so again rather than start without long-term memory.
+#[cfg(not(feature = "local-embedder"))]
+async fn local_embedder(
+    name: &str,
+    _dir: &std::path::Path,
+) -> Result<Arc<dyn EmbeddingModel>, BuildError> {
+    Err(BuildError::new(
+        EMBEDDING_MODEL_KEY,
+        format!("({name:?}) needs a recall built with the `local-embedder` feature"),
+    ))
 }
 
 impl App {
@@ -186,7 +225,7 @@ impl App {
                 )))
             });
         let records: Arc<Records> = Arc::default();
-        let long_term = long_term(&config, &upstreams, &policy, &records, &metrics);
+        let long_term = long_term(&config, &upstreams, &policy, &records, &metrics).await?;
         let limit = config.server.max_concurrent_upstream;
         let upstream_slots = (limit > 0).then(|| Gate::new(limit));
         let console = config.console.enabled.then(|| {

@@ -135,7 +135,7 @@ class Stack:
 
     def __init__(self, upstream: str = "scripted", extra_config: str = "", env: dict | None = None,
                  forward: str = "", upstream_config: str = "", window_messages: int = 20,
-                 drain_timeout_secs: int = 10):
+                 drain_timeout_secs: int = 10, config_from=None, links: dict | None = None):
         if upstream not in KINDS:
             raise ValueError(f"upstream must be one of {KINDS}, not {upstream!r}")
         if (upstream == "tap") != bool(forward):
@@ -147,9 +147,17 @@ class Stack:
         self.window_messages = window_messages
         self.drain_timeout_secs = drain_timeout_secs
         self.extra_config = extra_config
+        # A config of the caller's instead of ours: called with recall's
+        # port and the upstream's base URL.
+        self.config_from = config_from
         # Variables recall gets on top of ours (a webhook secret, say).
         self.env = dict(env or {})
         self.dir = Path(tempfile.mkdtemp(prefix=f"recall-sdk-{upstream}-"))
+        # Paths under recall's working directory (this one) and what they
+        # point at: the files a config names relative to it.
+        for name, target in (links or {}).items():
+            (self.dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (self.dir / name).symlink_to(target)
         self.procs: list[subprocess.Popen] = []
         self.recall_url = ""
         self.upstream_url = ""
@@ -200,7 +208,7 @@ class Stack:
                 argv = [sys.executable, str(HERE / "scripted_upstream.py"), "--port", str(port)]
                 health = f"http://127.0.0.1:{port}/health"
             elif self.upstream == "tap":
-                argv = [sys.executable, str(HERE / "tap.py"), "--forward", self.forward, "--port", str(port)]
+                argv = [sys.executable, str(HERE / "tap.py"), "--forward", self.forward, "--port", str(port), "--greedy"]
                 health = f"http://127.0.0.1:{port}/health"
             else:
                 argv = [llmock_bin(), "serve", "--host", "127.0.0.1", "--port", str(port), *LLMOCK_ARGS]
@@ -220,7 +228,8 @@ class Stack:
         for attempt in range(3):
             port = free_port()
             config = self.dir / "recall.toml"
-            config.write_text(self.config(port))
+            text = self.config_from(port, f"{self.upstream_url}/v1") if self.config_from else self.config(port)
+            config.write_text(text)
             env = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}
             env["RUST_LOG"] = os.environ.get("RECALL_SDK_LOG", "recall=info,warn")
             env["NO_COLOR"] = "1"  # plain log lines, shown when a test fails

@@ -10,7 +10,12 @@ is null while the answer is still being written, and `status` is
 "cut" when the client went away first), and `DELETE /_received` forgets
 them. So a test can assert on what recall sent a real model, and on when.
 
-    python3 tap.py --forward http://127.0.0.1:PORT --port 0   # prints "listening on PORT"
+With `--greedy`, a chat completion that sets no `temperature` (recall's own
+summaries, notes and extractions) is forwarded with `temperature: 0`, so
+that what a small model writes for them is the same from run to run; the
+record keeps the body as it came.
+
+    python3 tap.py --forward http://127.0.0.1:PORT --port 0 [--greedy]   # prints "listening on PORT"
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: State
     target: urllib.parse.SplitResult
+    greedy = False
 
     def log_message(self, fmt, *args):
         pass
@@ -96,6 +102,8 @@ class Handler(BaseHTTPRequestHandler):
             "ended": None,
             "status": None,
         })
+        if self.greedy and isinstance(parsed, dict) and "messages" in parsed and "temperature" not in parsed:
+            body = json.dumps({**parsed, "temperature": 0}).encode()
         upstream = http.client.HTTPConnection(self.target.hostname, self.target.port, timeout=600)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP | {"host", "content-length"}}
         headers["content-length"] = str(len(body))
@@ -157,9 +165,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--forward", required=True, help="the server's base URL, e.g. http://127.0.0.1:8080")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--greedy", action="store_true", help="temperature 0 where a chat completion sets none")
     args = p.parse_args(argv)
 
     Handler.state = State()
+    Handler.greedy = args.greedy
     Handler.target = urllib.parse.urlsplit(args.forward)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True

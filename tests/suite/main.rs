@@ -17,6 +17,8 @@ mod fidelity;
 mod fuzz_corpus;
 mod interruptions;
 mod lifecycle;
+#[cfg(feature = "local-embedder")]
+mod local_embedder;
 mod long_term;
 mod memory;
 mod mock_upstream;

@@ -14,6 +14,46 @@ pub fn unfenced(text: &str) -> &str {
     rest.strip_suffix("```").unwrap_or(rest).trim()
 }
 
+/// `text` with the control characters inside its JSON strings escaped
+/// (`\n`, `\t`, `\r`, else `\u00XX`): JSON forbids them raw, and a model
+/// held to JSON by a grammar may still write a line break inside a
+/// string. Outside strings they are whitespace and stay as they are.
+pub fn controls_escaped(text: &str) -> std::borrow::Cow<'_, str> {
+    let raw = |c: char| c < ' ';
+    if !text.contains(raw) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    let (mut in_string, mut escaped, mut changed) = (false, false, false);
+    for c in text.chars() {
+        if in_string && raw(c) {
+            changed = true;
+            // An escape's backslash before a raw control is kept as it
+            // came: the pair was never valid JSON either way.
+            escaped = false;
+            match c {
+                '\n' => out.push_str("\\n"),
+                '\t' => out.push_str("\\t"),
+                '\r' => out.push_str("\\r"),
+                c => out.push_str(&format!("\\u{:04x}", c as u32)),
+            }
+            continue;
+        }
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_string => escaped = true,
+            '"' => in_string = !in_string,
+            _ => {}
+        }
+        out.push(c);
+    }
+    if changed {
+        std::borrow::Cow::Owned(out)
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
 /// A JSON object or array found in a text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found<'a> {
@@ -101,6 +141,26 @@ fn closer_of(b: u8) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_inside_strings_are_escaped_and_only_there() {
+        let answer =
+            "{\n  \"facts\": [{\"text\": \"I am a nurse\nin Hanoi\tand \\\"ok\\\"\u{1}\"}]\n}";
+        let fixed = controls_escaped(answer);
+        assert_eq!(
+            fixed,
+            "{\n  \"facts\": [{\"text\": \"I am a nurse\\nin Hanoi\\tand \\\"ok\\\"\\u0001\"}]\n}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&fixed).unwrap();
+        assert_eq!(
+            v["facts"][0]["text"],
+            "I am a nurse\nin Hanoi\tand \"ok\"\u{1}"
+        );
+        assert!(matches!(
+            controls_escaped("{\"a\": 1}\n"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
 
     #[test]
     fn fences_are_taken_off() {

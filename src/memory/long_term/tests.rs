@@ -89,6 +89,18 @@ fn an_answer_cut_off_at_max_tokens_keeps_its_whole_facts() {
     ));
 }
 
+/// What SmolLM2 under llama-cpp-python's JSON grammar wrote: a line break
+/// raw inside a fact's string, which JSON forbids.
+#[test]
+fn a_line_break_written_raw_inside_a_fact_is_read() {
+    let answer = "{\"facts\": [{\"text\": \"I work as a nurse\nin Hanoi\"}, {\"text\": \"I am allergic to peanuts\"}]}";
+    let f = facts(answer, 50, false).unwrap();
+    assert_eq!(
+        f.kept,
+        vec!["I work as a nurse\nin Hanoi", "I am allergic to peanuts"]
+    );
+}
+
 #[test]
 fn the_schema_asks_for_what_the_prompt_describes() {
     let schema = facts_schema();

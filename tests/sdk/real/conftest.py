@@ -3,8 +3,9 @@ with SmolLM2-135M-Instruct, and recall in front of it through a recording
 tap (tests/sdk/tap.py), so that the tests assert on what recall stored and
 sent, never on what a 135M model says.
 
-Without the server and the model (RECALL_TEST_LLAMA_PYTHON,
-RECALL_TEST_LLAMA_MODEL: `.ci/models` installs them), the suite says
+Without the server and the models (RECALL_TEST_LLAMA_PYTHON,
+RECALL_TEST_LLAMA_MODEL, RECALL_TEST_MINILM_DIR: `.ci/models` installs
+them), the suite says
 SKIPPED on a developer's machine, and fails in CI (CI=true).
 """
 
@@ -54,6 +55,19 @@ def llama_server():
     server = llama.LlamaServer(python, model, log).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    """all-MiniLM-L6-v2's folder, for the built-in embedder (`.ci/models`
+    unpacks it and sets RECALL_TEST_MINILM_DIR)."""
+    found = os.environ.get("RECALL_TEST_MINILM_DIR")
+    if found and (Path(found) / "model.safetensors").is_file():
+        return found
+    why = f"RECALL_TEST_MINILM_DIR ({found!r}) holds no model.safetensors"
+    if IN_CI:
+        pytest.fail(f"the real-model suite cannot run in CI: {why}")
+    pytest.skip(f"SKIPPED: {why}")
 
 
 def real_stack(server, extra_config: str = "", upstream_config: str = "max_concurrent = 1\ntimeout_secs = 300",

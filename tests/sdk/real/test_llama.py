@@ -8,7 +8,9 @@ records it), never on what the model says.
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
 from openai import OpenAI
@@ -279,35 +281,55 @@ STOP = {"i", "am", "a", "an", "the", "and", "to", "of", "in", "my", "is", "have"
         "user", "user's", "their", "they", "are", "with", "for", "as", "be"}
 
 
+def clauses(text: str) -> list[str]:
+    return [c for c in re.split(r"[.,;:!?\n]+", text) if c.strip()]
+
+
 def words(text: str) -> set[str]:
     return {w.strip(".,!?;:'\"()").lower() for w in text.split()} - STOP - {""}
 
 
-def test_facts_are_extracted_from_a_real_model_in_the_shape_asked_for(stacks, sid):
+# A question for each fact the user states below, about it but in none of
+# its words, and one about none of them.
+ABOUT = {
+    "peanut": "What snack should I bring to the party?",
+    "nurse": "How can I cope with night shifts?",
+    "daughter": "What gift should I buy for my kids?",
+}
+UNRELATED = "Can you recommend some music?"
+
+
+def facts_sent(body: dict) -> str:
+    """The system message of long-term facts a request carried, or ""."""
+    return next((content for role, content in pairs(body)
+                 if role == "system" and content.startswith("Relevant facts about the user:")), "")
+
+
+def test_facts_are_extracted_in_the_shape_asked_for_and_recalled_by_meaning(stacks, sid, minilm_dir):
     """llama-cpp-python's server refuses `json_schema`: recall asks again
     with `json_object` and the schema, keeps to that, and stores what the
-    grammar-constrained model answered."""
+    grammar-constrained model answered, embedded by the built-in embedder.
+    In a later session a question about a stored fact, in none of its
+    words, is sent it; a question about none of them is sent none; and
+    the model server is never asked for an embedding."""
     user = f"user-{sid}"
     said = ["Hi, I'm Lan. I work as a nurse in Hanoi.",
             "I am allergic to peanuts.",
             "I have two daughters, Mai and Lan."]
-    stack = stacks("""
+    stack = stacks(f"""
 [long_term]
 enabled = true
 extract_model = "smollm2"
-embedding_model = "embedder"
+embedding_model = "local:{minilm_dir}"
 extract_every_turns = 100
-
-[[upstreams]]
-name = "embeddings"
-base_url = "mock://echo"
-models = ["embedder"]
+retrieve = "inline"
+inline_timeout_ms = 30000
 """, upstream_config='models = ["smollm2"]\nmax_concurrent = 1\ntimeout_secs = 300')
     c = client(stack, sid, user=user)
     for line in said:
         say(c, line)
-    status, answer = __import__("launch").http(
-        "POST", f"{stack.recall_url}/v1/sessions/{sid}/memory/extract", {}, timeout=300)
+    launch = __import__("launch")
+    status, answer = launch.http("POST", f"{stack.recall_url}/v1/sessions/{sid}/memory/extract", {}, timeout=300)
     assert status == 200, answer
     extractions = [b for b in stack.received() if "response_format" in b]
     assert extractions, "no extraction reached the model"
@@ -317,12 +339,81 @@ models = ["embedder"]
     assert kinds[0] == "json_schema" and set(kinds[1:]) == {"json_object"}, kinds
     assert "schema" in extractions[1]["response_format"]
     assert all(isinstance(b.get("max_tokens"), int) for b in extractions), extractions
-    _, records = __import__("launch").http("GET", f"{stack.recall_url}/v1/users/{user}/memory/records")
+    _, records = launch.http("GET", f"{stack.recall_url}/v1/users/{user}/memory/records")
     texts = [r["text"] for r in records["data"]]
     assert texts, f"no record stored: {answer}"
+    # At least one record holds a sentence or clause of what the user said
+    # (not the model's wit: its shape): one of two content words or more,
+    # all of them words the user said.
     heard = set().union(*(words(line) for line in said))
-    # At least one record is the user's own words: most of its content
-    # words are words the user said (not the model's wit: its shape).
-    drawn = [t for t in texts if words(t) and len(words(t) & heard) >= 0.6 * len(words(t))]
+    drawn = [t for t in texts if any(len(words(c)) >= 2 and words(c) <= heard for c in clauses(t))]
     print(f"\nrecords: {texts}")
     assert drawn, (texts, heard)
+
+    # Recalled by meaning: a question about a stored fact, in none of its
+    # words, ranks that fact first among the user's records (the model
+    # writes the records, so which topics they cover varies)...
+    asked = {topic: question for topic, question in ABOUT.items() if any(topic in t.lower() for t in drawn)}
+    assert asked, f"no stored fact is about {list(ABOUT)}: {drawn}"
+    for topic, question in asked.items():
+        _, found = launch.http("POST", f"{stack.recall_url}/v1/users/{user}/memory/records/search",
+                               {"query": question, "score_threshold": 0})
+        ranked = [(round(r["score"], 3), r["text"]) for r in found["data"]]
+        print(f"  {question!r}: {ranked}")
+        assert ranked and topic in ranked[0][1].lower(), (question, ranked)
+    # ... and at the default score_threshold, a live turn of a new session
+    # that asks one is sent it, where one that asks about none of them is
+    # sent no fact.
+    sent_for = {}
+    for n, question in enumerate([*asked.values(), UNRELATED]):
+        say(client(stack, f"{sid}-later-{n}", user=user), question, max_tokens=8)
+        sent_for[question] = facts_sent(stack.received()[-1])
+    print(f"  sent: {sent_for}")
+    assert any(any(topic in t.lower() and t in sent_for[q] for t in drawn) for topic, q in asked.items()), sent_for
+    assert sent_for[UNRELATED] == "", sent_for
+    paths = {e["path"] for e in stack.entries()}
+    assert not any(p.endswith("/embeddings") for p in paths), paths
+
+
+def test_config_local_toml_runs_as_shipped(stacks, sid, minilm_dir):
+    """config/local.toml, as README's "Local models" runs it: only its
+    port and its server's address changed, its model folder where it says
+    (relative to where recall starts). Turns reach the server with the
+    config's system message; ending the session leaves the user a note
+    and long-term records, from the same one-slot server, every one of
+    recall's own calls bounded, no embedding asked of the server."""
+    shipped = (Path(__file__).resolve().parents[3] / "config" / "local.toml").read_text()
+    assert 'embedding_model = "local:models/all-MiniLM-L6-v2"' in shipped
+
+    def config_from(port: int, base_url: str) -> str:
+        listen, upstream = 'listen = "127.0.0.1:8081"', 'base_url = "http://127.0.0.1:8080/v1"'
+        # The active upstream is the only uncommented one at that address.
+        assert shipped.count(listen) == 1 and shipped.count(upstream) == 1, "config/local.toml moved on"
+        return shipped.replace(listen, f'listen = "127.0.0.1:{port}"').replace(upstream, f'base_url = "{base_url}"')
+
+    stack = stacks(config_from=config_from, links={"models/all-MiniLM-L6-v2": minilm_dir})
+    user = f"user-{sid}"
+    c = client(stack, sid, user=user)
+    for line in ("Hi, I'm Lan. I work as a nurse in Hanoi.", "I am allergic to peanuts."):
+        say(c, line)
+    live = stack.received()
+    assert [pairs(b)[0] for b in live] == [("system", "You are a helpful assistant. Answer briefly.")] * 2, live
+    launch = __import__("launch")
+    status, ended = launch.http("POST", f"{stack.recall_url}/v1/sessions/{sid}/end", {}, timeout=60)
+    assert status == 200, ended
+    deadline = time.monotonic() + 600
+    note, texts = None, []
+    while time.monotonic() < deadline and not (note and texts):
+        status, memory = launch.http("GET", f"{stack.recall_url}/v1/users/{user}/memory")
+        note = memory.get("note") if status == 200 else None
+        _, records = launch.http("GET", f"{stack.recall_url}/v1/users/{user}/memory/records")
+        texts = [r["text"] for r in records["data"]]
+        time.sleep(1)
+    print(f"\nnote: {note!r}\nrecords: {texts}")
+    assert note, "no note carried for the user"
+    assert texts, "no record stored for the user"
+    own = [b for b in stack.received() if b not in live]
+    assert own and all(isinstance(b.get("max_tokens"), int) for b in own), own
+    assert any((b.get("response_format") or {}).get("type") == "json_object" for b in own), own
+    paths = {e["path"] for e in stack.entries()}
+    assert not any(p.endswith("/embeddings") for p in paths), paths
