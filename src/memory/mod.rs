@@ -12,6 +12,7 @@ pub mod reconcile;
 pub mod render;
 pub mod session;
 pub mod summary;
+pub mod text;
 pub mod tokens;
 pub mod turns;
 pub mod window;

@@ -318,7 +318,7 @@ pub(crate) fn line(m: &Message) -> String {
 
 /// The text of a content: a string, or the text parts of an array (other
 /// parts named by their type).
-fn text_of(content: &Value) -> String {
+pub(crate) fn text_of(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts

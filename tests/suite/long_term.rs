@@ -1062,3 +1062,58 @@ async fn facts_among_prose_or_before_a_cut_are_stored() {
     );
     assert_eq!(metric(&h, MALFORMED).await, 1.0);
 }
+
+/// `GET /v1/users/{user}/memory?format=text`: the note and the facts in one
+/// block, framed as a turn's system messages frame them, for frameworks
+/// that take memory as a string.
+#[tokio::test]
+async fn a_users_memory_reads_as_one_text() {
+    let h = harness("").await;
+    let (status, _) = h
+        .api(Method::GET, "/v1/users/tam/memory?format=text", None)
+        .await;
+    assert_eq!(status, 404);
+    for text in [HANOI, PEANUTS] {
+        let (status, body) = h
+            .api(
+                Method::POST,
+                "/v1/users/tam/memory/records",
+                Some(json!({"text": text})),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = h
+        .api(Method::GET, "/v1/users/tam/memory?format=text", None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        format!("Relevant facts about the user:\n- {PEANUTS}\n- {HANOI}")
+    );
+    let (status, _) = h
+        .api(
+            Method::PUT,
+            "/v1/users/tam/memory",
+            Some(json!({"note": "Tam likes tea."})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, body) = h
+        .api(Method::GET, "/v1/users/tam/memory?format=text", None)
+        .await;
+    assert_eq!(
+        body,
+        format!(
+            "Previously, the user talked about: Tam likes tea.\n\n\
+             Relevant facts about the user:\n- {PEANUTS}\n- {HANOI}"
+        )
+    );
+    // The JSON form is as it was; another format is refused.
+    let (_, note) = h.api(Method::GET, "/v1/users/tam/memory", None).await;
+    assert_eq!(note["note"], "Tam likes tea.");
+    let (status, _) = h
+        .api(Method::GET, "/v1/users/tam/memory?format=xml", None)
+        .await;
+    assert_eq!(status, 400);
+}

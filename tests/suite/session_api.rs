@@ -154,6 +154,23 @@ async fn history_can_be_read_for_a_model_and_limited() {
         .api(Method::GET, "/v1/sessions/r/history?format=xml", None)
         .await;
     assert_eq!(status, 400);
+    // As text, for frameworks that take memory as a string.
+    let (status, body) = h
+        .api(Method::GET, "/v1/sessions/r/history?format=text", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        "USER: one\n\nASSISTANT: reply 1\n\nUSER: two\n\nASSISTANT: reply 2"
+    );
+    let (_, body) = h
+        .api(
+            Method::GET,
+            "/v1/sessions/r/history?format=text&limit=1",
+            None,
+        )
+        .await;
+    assert_eq!(body, "ASSISTANT: reply 2");
 }
 
 #[tokio::test]

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, State};
 use axum::http::request::Parts;
+use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
 
 use crate::api::sessions::{self, json_body, Target, Turns};
+use crate::api::QueryParams;
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::summary::{self, Note};
 use crate::server::app::App;
@@ -53,15 +55,56 @@ fn no_note(user: &UserTarget) -> ApiError {
     .into()
 }
 
-/// `GET /v1/users/{user}/memory`: the note the user's next session starts
-/// with.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryQuery {
+    format: Option<String>,
+}
+
+/// `GET /v1/users/{user}/memory[?format=text]`: the note the user's next
+/// session starts with; as text, the note and the user's long-term facts
+/// (newest first) in one block, as a turn's system messages frame them.
 pub async fn get_user_memory(
     State(app): State<Arc<App>>,
     user: UserTarget,
-) -> Result<Json<Value>, ApiError> {
-    match app.notes.get(&app.policy.storage, &user.key).await? {
-        Some(note) if !note.forgotten => Ok(Json(note_json(&user.name, &note))),
-        _ => Err(no_note(&user)),
+    QueryParams(q): QueryParams<MemoryQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    let text = match q.format.as_deref() {
+        None | Some("json") => false,
+        Some("text") => true,
+        Some(_) => {
+            return Err(
+                RequestError::invalid("format must be `json` or `text`", Some("format")).into(),
+            )
+        }
+    };
+    let note = app
+        .notes
+        .get(&app.policy.storage, &user.key)
+        .await?
+        .filter(|n| !n.forgotten);
+    if !text {
+        return match note {
+            Some(note) => Ok(Json(note_json(&user.name, &note)).into_response()),
+            None => Err(no_note(&user)),
+        };
+    }
+    let held = app.records.of(&app.policy.storage, &user.key).await?;
+    let mut records: Vec<_> = held.records.iter().collect();
+    records.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(b.id.cmp(&a.id)));
+    let facts: Vec<&str> = records.iter().map(|r| r.text.as_str()).collect();
+    let block = crate::memory::text::user_memory(
+        note.as_ref().map(|n| {
+            (
+                app.config.memory.carry_over_template.as_str(),
+                n.text.as_str(),
+            )
+        }),
+        Some((app.config.long_term.template.as_str(), &facts)),
+    );
+    match block {
+        Some(block) => Ok(sessions::text_response(block)),
+        None => Err(no_note(&user)),
     }
 }
 

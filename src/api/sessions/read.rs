@@ -96,23 +96,26 @@ pub struct HistoryQuery {
     include_superseded: bool,
 }
 
-/// `GET /v1/sessions/{id}/history[?format=openai][&limit=N]
+/// `GET /v1/sessions/{id}/history[?format=openai|text][&limit=N]
 /// [&include_superseded=true]`: the stored messages, oldest first, with all
 /// their fields (seed 000's shape), or only OpenAI's fields, ready to pass
-/// to a model. Messages a regenerate, an edit or a retry superseded are
-/// left out unless asked for, and always from the OpenAI form.
+/// to a model, or as one text (`USER: ...`, `memory::text`). Messages a regenerate, an edit or a retry superseded are
+/// left out unless asked for, and always from the OpenAI and text forms.
 pub async fn history(
     State(app): State<Arc<App>>,
     target: Target,
     QueryParams(q): QueryParams<HistoryQuery>,
 ) -> Result<axum::response::Response, ApiError> {
-    let openai = match q.format.as_deref() {
-        None | Some("full") => false,
-        Some("openai") => true,
+    let (openai, text) = match q.format.as_deref() {
+        None | Some("full") => (false, false),
+        Some("openai") => (true, false),
+        Some("text") => (false, true),
         Some(_) => {
-            return Err(
-                RequestError::invalid("format must be `full` or `openai`", Some("format")).into(),
+            return Err(RequestError::invalid(
+                "format must be `full`, `openai` or `text`",
+                Some("format"),
             )
+            .into())
         }
     };
     let session = existing(&app, &target).await?;
@@ -124,7 +127,7 @@ pub async fn history(
         .as_ref()
         .filter(|_| !openai)
         .map(|s| s.view());
-    if openai || !q.include_superseded {
+    if openai || text || !q.include_superseded {
         history
             .messages
             .retain(|m| !crate::memory::interruption::is_superseded(m));
@@ -133,6 +136,9 @@ pub async fn history(
         .limit
         .map_or(0, |n| history.messages.len().saturating_sub(n));
     let newest = &history.messages[skip..];
+    if text {
+        return Ok(text_response(crate::memory::text::transcript(newest)));
+    }
     // Written straight from the messages, so that their fields keep their
     // order (role first), as seed 000 shows them.
     let body = if openai {
@@ -160,6 +166,18 @@ pub async fn history(
         body,
     )
         .into_response())
+}
+
+/// Plain text, for `format=text`.
+pub(crate) fn text_response(text: String) -> axum::response::Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 #[derive(serde::Serialize)]
