@@ -291,19 +291,7 @@ pub(crate) fn line(m: &Message) -> String {
             format!("assistant (cut off; the user heard only this): {text}")
         }
         Role::Assistant if m.has_tool_calls() => {
-            let calls: Vec<String> = m
-                .tool_calls()
-                .into_iter()
-                .flatten()
-                .map(|c| {
-                    let f = &c["function"];
-                    format!(
-                        "{}({})",
-                        f["name"].as_str().unwrap_or("?"),
-                        f["arguments"].as_str().unwrap_or("")
-                    )
-                })
-                .collect();
+            let calls = calls(m);
             let said = if text.is_empty() {
                 String::new()
             } else {
@@ -314,6 +302,22 @@ pub(crate) fn line(m: &Message) -> String {
         Role::Tool | Role::Function => format!("tool result: {text}"),
         _ => format!("{}: {text}", m.role.as_str()),
     }
+}
+
+/// A message's tool calls, each as `name(arguments)`.
+pub(crate) fn calls(m: &Message) -> Vec<String> {
+    m.tool_calls()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let f = &c["function"];
+            format!(
+                "{}({})",
+                f["name"].as_str().unwrap_or("?"),
+                f["arguments"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
 }
 
 /// The text of a content: a string, or the text parts of an array (other

@@ -5,7 +5,7 @@
 
 use super::interruption;
 use super::message::{Message, Role};
-use super::summary::text_of;
+use super::summary::{calls, text_of};
 
 /// What follows a reply the user did not hear to its end.
 pub const CUT_MARKER: &str = "[cut off]";
@@ -27,21 +27,8 @@ pub fn transcript<M: AsRef<Message>>(messages: &[M]) -> String {
 fn block(m: &Message) -> String {
     let mut text = text_of(&m.content).trim().to_owned();
     if m.role == Role::Assistant {
-        let calls: Vec<String> = m
-            .tool_calls()
-            .into_iter()
-            .flatten()
-            .map(|c| {
-                let f = &c["function"];
-                format!(
-                    "[called {}({})]",
-                    f["name"].as_str().unwrap_or("?"),
-                    f["arguments"].as_str().unwrap_or("")
-                )
-            })
-            .collect();
-        for call in calls {
-            push_word(&mut text, &call);
+        for call in calls(m) {
+            push_word(&mut text, &format!("[called {call}]"));
         }
         if interruption::is_interrupted(m) {
             push_word(&mut text, CUT_MARKER);
