@@ -252,6 +252,7 @@ fn bench_long_term_rank(c: &mut Criterion) {
                 created_at: i as i64,
                 updated_at: i as i64,
                 recalled_at: 0,
+                said_at: None,
                 embedding: vector(1536).into(),
             })
             .collect();

@@ -24,6 +24,8 @@ habits, the choices they made and how they want to be answered.";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StrategyType {
+    /// The user's own sentences, stored as said: no model call.
+    Verbatim,
     Semantic,
     UserPreference,
     Custom,
@@ -42,6 +44,11 @@ pub struct Strategy {
     /// `{strategy}`, `{user}` and `{session}` are filled in.
     #[serde(default = "default_namespace")]
     pub namespace: String,
+    /// `verbatim` only: each record also holds the end of the reply the
+    /// user was answering (`... (replying to: "...")`), so that "yes,
+    /// twice" is found and read by what it answers.
+    #[serde(default)]
+    pub with_replies: bool,
 }
 
 fn default_namespace() -> String {
@@ -49,6 +56,11 @@ fn default_namespace() -> String {
 }
 
 impl Strategy {
+    /// Whether its records are extracted by a model.
+    pub fn needs_model(&self) -> bool {
+        self.kind != StrategyType::Verbatim
+    }
+
     /// What the extract model is told to look for.
     pub fn prompt(&self) -> &str {
         match (&self.prompt, self.kind) {
@@ -57,6 +69,16 @@ impl Strategy {
             (None, _) => SEMANTIC_PROMPT,
         }
     }
+}
+
+/// How a turn's records are ranked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ranking {
+    /// By meaning and by words (BM25), fused by rank.
+    Hybrid,
+    /// By cosine similarity alone.
+    Cosine,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -92,13 +114,15 @@ impl EmbeddingEncoding {
 #[serde(deny_unknown_fields, default)]
 pub struct LongTermConfig {
     pub enabled: bool,
-    /// The model that extracts facts, routed like any other.
+    /// The model that extracts facts, routed like any other. Without
+    /// one, the default strategy is `verbatim`, which calls no model.
     pub extract_model: Option<String>,
     /// The model that embeds facts and queries, called on its upstream's
     /// `/v1/embeddings`, or `local:<dir>` to run one in process.
     pub embedding_model: Option<String>,
     pub embedding_encoding: EmbeddingEncoding,
-    /// None: one `semantic` strategy.
+    /// None: one `semantic` strategy with an extract model, one
+    /// `verbatim` strategy without.
     pub strategies: Vec<Strategy>,
     /// Extraction runs every this many turns, and when a session ends.
     pub extract_every_turns: usize,
@@ -106,8 +130,13 @@ pub struct LongTermConfig {
     pub merge_threshold: f32,
     /// Records sent with a turn, at most.
     pub limit: usize,
-    /// ... each scoring at least this (cosine similarity to the query).
+    /// ... and at most this many tokens of them (the facts message, each
+    /// line with its date; four characters a token), best first.
+    pub max_tokens: usize,
+    /// ... each scoring at least this (cosine similarity to the query),
+    /// or, ranked `hybrid`, sharing a word with it.
     pub score_threshold: f32,
+    pub ranking: Ranking,
     /// `{facts}` is replaced by the records, one per line.
     pub template: String,
     pub retrieve: Retrieve,
@@ -140,10 +169,12 @@ impl Default for LongTermConfig {
             strategies: Vec::new(),
             extract_every_turns: 3,
             merge_threshold: 0.93,
-            limit: 5,
+            limit: 100,
+            max_tokens: 1000,
             score_threshold: 0.2,
+            ranking: Ranking::Hybrid,
             template: "Relevant facts about the user:\n{facts}".into(),
-            retrieve: Retrieve::Prefetch,
+            retrieve: Retrieve::Inline,
             inline_timeout_ms: 300,
             max_records_per_user: 1000,
             max_facts_per_answer: 50,
@@ -181,17 +212,28 @@ impl LongTermConfig {
             .unwrap_or_else(|| facts_tokens(self.max_facts_per_answer))
     }
 
-    /// The configured strategies, or the default one.
+    /// The configured strategies, or the default one: `semantic` with an
+    /// extract model, `verbatim` without.
     pub fn strategies(&self) -> Vec<Strategy> {
         if !self.strategies.is_empty() {
             return self.strategies.clone();
         }
+        let (name, kind) = match self.extract_model {
+            Some(_) => ("semantic", StrategyType::Semantic),
+            None => ("verbatim", StrategyType::Verbatim),
+        };
         vec![Strategy {
-            name: "semantic".into(),
-            kind: StrategyType::Semantic,
+            name: name.into(),
+            kind,
             prompt: None,
             namespace: default_namespace(),
+            with_replies: false,
         }]
+    }
+
+    /// Whether any strategy calls the extract model.
+    pub fn needs_extract_model(&self) -> bool {
+        self.strategies().iter().any(Strategy::needs_model)
     }
 
     /// The directory of a `local:` embedding model, as written: a relative
@@ -215,6 +257,14 @@ impl LongTermConfig {
             ("embedding_model", &self.embedding_model),
         ] {
             match model {
+                None if key == "extract_model" && !self.needs_extract_model() => {}
+                None if key == "extract_model" => {
+                    return fail(
+                        key,
+                        "must name a model: a strategy other than verbatim extracts facts with it"
+                            .into(),
+                    )
+                }
                 None => return fail(key, "must name a model (long_term is enabled)".into()),
                 Some(_) if key == "embedding_model" && self.local_embedder().is_some() => {}
                 Some(m) if !served(m) => {
@@ -241,6 +291,7 @@ impl LongTermConfig {
         for (key, value) in [
             ("extract_every_turns", self.extract_every_turns),
             ("max_records_per_user", self.max_records_per_user),
+            ("max_tokens", self.max_tokens),
             ("max_facts_per_answer", self.max_facts_per_answer),
             ("concurrency", self.concurrency),
             ("timeout_secs", self.timeout_secs as usize),
@@ -266,6 +317,15 @@ impl LongTermConfig {
             names.push(&s.name);
             if s.kind == StrategyType::Custom && s.prompt.as_deref().is_none_or(str::is_empty) {
                 return Err((key, "of type custom needs a prompt".into()));
+            }
+            if s.kind == StrategyType::Verbatim && s.prompt.is_some() {
+                return Err((
+                    key,
+                    "of type verbatim calls no model: it takes no prompt".into(),
+                ));
+            }
+            if s.kind != StrategyType::Verbatim && s.with_replies {
+                return Err((key, "with_replies is for a verbatim strategy".into()));
             }
             if !s.namespace.contains("{user}") {
                 return Err((

@@ -59,6 +59,10 @@ pub struct MemoryConfig {
     /// longest note kept, twice `carry_over_max_chars`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub carry_over_max_tokens: Option<u32>,
+    /// What the summary and the note add to a turn, at most, in tokens
+    /// (four characters a token): the summary first, the note in what is
+    /// left, each cut at a word past that.
+    pub max_tokens: usize,
 }
 
 impl Default for MemoryConfig {
@@ -81,6 +85,7 @@ impl Default for MemoryConfig {
             carry_over_template: "Previously, the user talked about: {note}".into(),
             carry_over_max_chars: 2000,
             carry_over_max_tokens: None,
+            max_tokens: 1500,
         }
     }
 }

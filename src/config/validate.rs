@@ -255,6 +255,7 @@ impl Config {
             ("summary_max_chars", m.summary_max_chars),
             ("summary_concurrency", m.summary_concurrency),
             ("carry_over_max_chars", m.carry_over_max_chars),
+            ("max_tokens", m.max_tokens),
         ] {
             if value == 0 {
                 return Err((key, "must be at least 1".into()));

@@ -12,9 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::config::{LongTermConfig, Strategy};
+use crate::config::{LongTermConfig, Ranking, Strategy};
+use crate::memory::long_term::hybrid;
+use crate::memory::long_term::verbatim::{self, Said};
 use crate::memory::long_term::{self as lt, Fact, NewFact, Origin, Record};
 use crate::memory::session::{Extraction, Query};
+use crate::memory::tokens::Encoding;
 use crate::metrics::{Job, JobOutcome, LeftOut, RecordChange};
 use crate::models::structured::Shape;
 use crate::models::{Ask, ChatModel, EmbeddingModel, ModelError, Runner, RunnerLimits};
@@ -59,7 +62,8 @@ pub struct Extracted {
 pub struct LongTerm {
     pub config: LongTermConfig,
     strategies: Vec<Strategy>,
-    chat: Arc<dyn ChatModel>,
+    /// None when every strategy is `verbatim`.
+    chat: Option<Arc<dyn ChatModel>>,
     embedder: Arc<dyn EmbeddingModel>,
     runner: Runner,
     pub records: Arc<Records>,
@@ -75,7 +79,7 @@ const ATTEMPTS: usize = 5;
 const MARK_RECALLED_EVERY_MS: i64 = 10 * 60 * 1000;
 
 pub struct Parts {
-    pub chat: Arc<dyn ChatModel>,
+    pub chat: Option<Arc<dyn ChatModel>>,
     pub embedder: Arc<dyn EmbeddingModel>,
     pub records: Arc<Records>,
     pub storage: Arc<Storage>,
@@ -110,58 +114,35 @@ impl LongTerm {
         &self.runner.metrics
     }
 
-    /// Extracts `ex`'s facts with every strategy and stores them. A
-    /// strategy that fails, or answers something that is not a list of
-    /// facts, fails the whole extraction: nothing is stored.
+    /// Extracts `ex`'s facts with every strategy and stores them: the
+    /// user's own sentences for `verbatim` (no model call), the extract
+    /// model's answer for the others. A strategy that fails, or answers
+    /// something that is not a list of facts, fails the whole
+    /// extraction: nothing is stored.
     pub async fn extract(&self, ex: &Extraction) -> Result<Extracted, LongTermError> {
         if !lt::worth_extracting(&ex.messages) {
             return Ok(Extracted::default());
         }
-        let mut found: Vec<(String, &Strategy, String)> = Vec::new();
+        let mut found: Vec<(Said, &Strategy, String)> = Vec::new();
         let (mut left_out, mut too_long) = (0, 0);
         for s in &self.strategies {
-            let ask = Ask {
-                messages: lt::extract_prompt(s.prompt(), &ex.messages),
-                max_tokens: self.config.extract_max_tokens(),
-                shape: Some(Shape {
-                    name: lt::FACTS_SCHEMA_NAME,
-                    schema: lt::facts_schema(),
-                }),
-            };
-            let facts = self
-                .runner
-                .run(Job::Extract, || async {
-                    let answer = self.chat.complete(&ask).await?;
-                    let max = self.config.max_facts_per_answer;
-                    Ok(lt::facts(&answer.text, max, answer.cut_off)?)
-                })
-                .await;
-            let facts = match facts {
-                Ok(f) => {
-                    if f.cut_off {
-                        tracing::warn!(
-                            session = %ex.session,
-                            strategy = %s.name,
-                            max_tokens = ask.max_tokens,
-                            kept = f.kept.len(),
-                            "an extraction answer stopped at max_tokens: its whole facts are stored, the rest is lost (long_term.extract_max_tokens)"
-                        );
-                    }
-                    left_out += f.left_out;
-                    too_long += f.too_long;
-                    f.kept
-                }
-                Err(e) => {
-                    if matches!(e, ModelError::Malformed(_)) {
-                        self.metrics()
-                            .memory
-                            .job(Job::Extract, JobOutcome::Malformed);
-                    }
-                    return Err(e.into());
-                }
+            let said = if s.needs_model() {
+                let facts = self.ask(s, ex).await?;
+                left_out += facts.left_out;
+                too_long += facts.too_long;
+                let said_at = lt::newest_said(&ex.messages);
+                facts
+                    .kept
+                    .into_iter()
+                    .map(|text| Said { text, said_at })
+                    .collect()
+            } else {
+                let (said, long) = verbatim::said(&ex.messages, s.with_replies);
+                too_long += long;
+                said
             };
             let namespace = lt::namespace(&s.namespace, &s.name, &ex.user_name, &ex.session);
-            found.extend(facts.into_iter().map(|f| (f, s, namespace.clone())));
+            found.extend(said.into_iter().map(|f| (f, s, namespace.clone())));
         }
         if found.is_empty() {
             self.left_out(&ex.session, left_out, too_long);
@@ -171,15 +152,16 @@ impl LongTerm {
                 ..Extracted::default()
             });
         }
-        let texts: Vec<String> = found.iter().map(|(t, ..)| t.clone()).collect();
+        let texts: Vec<String> = found.iter().map(|(f, ..)| f.text.clone()).collect();
         let vectors = self.embed(Job::Extract, texts).await?;
         let facts: Vec<NewFact> = found
             .into_iter()
             .zip(vectors)
-            .map(|((text, s, namespace), embedding)| NewFact {
-                text,
+            .map(|((said, s, namespace), embedding)| NewFact {
+                text: said.text,
                 strategy: s.name.clone(),
                 namespace,
+                said_at: said.said_at,
                 embedding,
             })
             .collect();
@@ -199,6 +181,51 @@ impl LongTerm {
         };
         self.metrics().memory.job(Job::Extract, outcome);
         Ok(stored)
+    }
+
+    /// The extract model's facts in `ex` for strategy `s`.
+    async fn ask(&self, s: &Strategy, ex: &Extraction) -> Result<lt::Facts, LongTermError> {
+        let Some(chat) = &self.chat else {
+            return Err(ModelError::NoExtractModel(s.name.clone()).into());
+        };
+        let ask = Ask {
+            messages: lt::extract_prompt(s.prompt(), &ex.messages),
+            max_tokens: self.config.extract_max_tokens(),
+            shape: Some(Shape {
+                name: lt::FACTS_SCHEMA_NAME,
+                schema: lt::facts_schema(),
+            }),
+        };
+        let facts = self
+            .runner
+            .run(Job::Extract, || async {
+                let answer = chat.complete(&ask).await?;
+                let max = self.config.max_facts_per_answer;
+                Ok(lt::facts(&answer.text, max, answer.cut_off)?)
+            })
+            .await;
+        match facts {
+            Ok(f) => {
+                if f.cut_off {
+                    tracing::warn!(
+                        session = %ex.session,
+                        strategy = %s.name,
+                        max_tokens = ask.max_tokens,
+                        kept = f.kept.len(),
+                        "an extraction answer stopped at max_tokens: its whole facts are stored, the rest is lost (long_term.extract_max_tokens)"
+                    );
+                }
+                Ok(f)
+            }
+            Err(e) => {
+                if matches!(e, ModelError::Malformed(_)) {
+                    self.metrics()
+                        .memory
+                        .job(Job::Extract, JobOutcome::Malformed);
+                }
+                Err(e.into())
+            }
+        }
     }
 
     fn left_out(&self, session: &str, left_out: usize, too_long: usize) {
@@ -298,6 +325,7 @@ impl LongTerm {
         user: &str,
         name: &str,
         text: String,
+        said_at: Option<i64>,
         strategy: &Strategy,
     ) -> Result<Extracted, LongTermError> {
         let mut vectors = self.embed(Job::Extract, vec![text.clone()]).await?;
@@ -306,6 +334,7 @@ impl LongTerm {
             text,
             strategy: strategy.name.clone(),
             namespace: lt::namespace(&strategy.namespace, &strategy.name, name, ""),
+            said_at,
             embedding,
         };
         self.store(user, "", i64::MAX, vec![fact]).await
@@ -329,15 +358,21 @@ impl LongTerm {
         }
         let mut vectors = self.embed(Job::Recall, vec![query.to_owned()]).await?;
         let vector = vectors.pop().unwrap_or_default();
-        let ranked = match namespace {
-            Some(_) => {
-                let within: Vec<&Arc<Record>> =
-                    held.records.iter().filter(|r| in_scope(r)).collect();
-                shared(lt::rank(&within, &vector, limit, threshold))
-            }
-            None => shared(lt::rank(&held.records, &vector, limit, threshold)),
+        let ranking = self.config.ranking;
+        let rank = |records: &[&Arc<Record>]| match ranking {
+            Ranking::Hybrid => shared(hybrid::rank(records, &vector, query, limit, threshold)),
+            Ranking::Cosine => shared(lt::rank(records, &vector, limit, threshold)),
         };
-        Ok(ranked)
+        let within: Vec<&Arc<Record>> = held.records.iter().filter(|r| in_scope(r)).collect();
+        Ok(rank(&within))
+    }
+
+    /// `facts` cut to the configured budget.
+    fn budgeted(&self, facts: Vec<Fact>) -> Vec<Fact> {
+        let c = &self.config;
+        lt::within_budget(facts, &c.template, c.max_tokens, |t| {
+            Encoding::Approx.count(t)
+        })
     }
 
     /// The facts for the turn after `query`'s message, as configured; the
@@ -348,7 +383,7 @@ impl LongTerm {
             .search(user, &query.text, c.limit, c.score_threshold, None)
             .await?;
         let ranked: Vec<(&Record, f32)> = found.iter().map(|(r, s)| (&**r, *s)).collect();
-        let facts = lt::recalled(&ranked);
+        let facts = self.budgeted(lt::recalled(&ranked));
         // Eviction needs to know what is used, not when to the second: a
         // write per search would compete with the turns' own writes.
         let at = self.clock.now_ms();
@@ -370,7 +405,7 @@ impl LongTerm {
     /// A new session's facts: the user's newest records.
     pub async fn recent(&self, user: &str) -> Result<Vec<Fact>, StorageError> {
         let held = self.records.of(&self.storage, user).await?;
-        Ok(lt::recent(&held.records, self.config.limit))
+        Ok(self.budgeted(lt::recent(&held.records, self.config.limit)))
     }
 }
 

@@ -4,7 +4,10 @@
 //! Nothing here calls a model or storage.
 
 pub mod headings;
+pub mod hybrid;
 pub mod lenient;
+pub mod verbatim;
+pub mod words;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -30,6 +33,10 @@ pub struct Record {
     /// When a recall last sent it (eviction keeps what is used).
     #[serde(default)]
     pub recalled_at: i64,
+    /// When its words were said (Unix ms): the message's timestamp, or
+    /// for a fact a model read from several, the newest of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub said_at: Option<i64>,
     pub embedding: Embedding,
 }
 
@@ -406,6 +413,7 @@ pub struct NewFact {
     pub text: String,
     pub strategy: String,
     pub namespace: String,
+    pub said_at: Option<i64>,
     pub embedding: Vec<f32>,
 }
 
@@ -487,12 +495,14 @@ pub fn plan<R: AsRef<Record>>(
                     created_at: origin.now_ms,
                     updated_at: origin.now_ms,
                     recalled_at: 0,
+                    said_at: f.said_at,
                     embedding,
                 });
                 continue;
             }
         };
         target.text = f.text;
+        target.said_at = f.said_at.or(target.said_at);
         target.embedding = embedding;
         target.session = origin.session.to_owned();
         target.updated_at = origin.now_ms;
@@ -576,6 +586,16 @@ pub fn extract_prompt(instructions: &str, messages: &[Arc<Message>]) -> Vec<Valu
     ]
 }
 
+/// When the newest user message of `messages` was said: what a fact a
+/// model read from them is dated.
+pub fn newest_said(messages: &[Arc<Message>]) -> Option<i64> {
+    messages
+        .iter()
+        .filter(|m| m.role == Role::User && summary::read(m))
+        .filter_map(|m| m.timestamp)
+        .max()
+}
+
 /// Whether `messages` hold anything an extraction reads.
 pub fn worth_extracting(messages: &[Arc<Message>]) -> bool {
     messages
@@ -588,6 +608,9 @@ pub fn worth_extracting(messages: &[Arc<Message>]) -> bool {
 pub struct Fact {
     pub id: String,
     pub text: String,
+    /// When it was said (Unix ms), shown beside it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub said_at: Option<i64>,
     /// Cosine similarity to the query; none for a session's first facts,
     /// which are the user's most recent.
     pub score: Option<f32>,
@@ -602,8 +625,31 @@ pub fn recalled(ranked: &[(&Record, f32)]) -> Vec<Fact> {
             out.push(Fact {
                 id: r.id.clone(),
                 text: r.text.clone(),
+                said_at: r.said_at,
                 score: Some(*score),
             });
+        }
+    }
+    out
+}
+
+/// The facts of `facts` (best first) that fit `max_tokens` in the facts
+/// message `template` makes of them, by `count`: filled in order, a fact
+/// too long for what is left passed over for the shorter ones after it.
+pub fn within_budget(
+    facts: Vec<Fact>,
+    template: &str,
+    max_tokens: usize,
+    count: impl Fn(&str) -> usize,
+) -> Vec<Fact> {
+    let mut left = max_tokens.saturating_sub(count(&template.replace("{facts}", "")));
+    let mut out = Vec::with_capacity(facts.len());
+    for f in facts {
+        // The line and its line break.
+        let cost = count(&fact_line(&f)) + 1;
+        if cost <= left {
+            left -= cost;
+            out.push(f);
         }
     }
     out
@@ -623,6 +669,7 @@ pub fn recent<R: AsRef<Record>>(records: &[R], limit: usize) -> Vec<Fact> {
             out.push(Fact {
                 id: r.id.clone(),
                 text: r.text.clone(),
+                said_at: r.said_at,
                 score: None,
             });
         }
@@ -631,16 +678,40 @@ pub fn recent<R: AsRef<Record>>(records: &[R], limit: usize) -> Vec<Fact> {
 }
 
 /// The system message that carries `facts` (`template`'s `{facts}`, a
-/// line each); none without facts.
+/// line each, with the day it was said: `- (8 May 2023) ...`, so that a
+/// model can answer when); none without facts.
 pub fn facts_message(template: &str, facts: &[Fact]) -> Option<Message> {
     if facts.is_empty() {
         return None;
     }
-    let lines: Vec<String> = facts.iter().map(|f| format!("- {}", f.text)).collect();
+    let lines: Vec<String> = facts.iter().map(fact_line).collect();
     Some(Message::new(
         Role::System,
         template.replace("{facts}", &lines.join("\n")),
     ))
+}
+
+/// A fact as the facts message shows it.
+pub fn fact_line(f: &Fact) -> String {
+    match f.said_at.and_then(day) {
+        Some(day) => format!("- ({day}) {}", f.text),
+        None => format!("- {}", f.text),
+    }
+}
+
+/// The UTC day of a Unix time in ms, as `8 May 2023`; none outside the
+/// years 1970 to 9999 (a client sets timestamps).
+pub fn day(ms: i64) -> Option<String> {
+    const LAST_MS: i64 = 253_402_300_799_999;
+    if !(0..=LAST_MS).contains(&ms) {
+        return None;
+    }
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64);
+    // `Mon, 08 May 2023 13:56:00 GMT`
+    let http = httpdate::fmt_http_date(at);
+    let mut parts = http.split(' ').skip(1);
+    let (d, m, y) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(format!("{} {m} {y}", d.trim_start_matches('0')))
 }
 
 /// What a recall embeds for the turn after a user message: the reply it

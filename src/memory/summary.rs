@@ -377,6 +377,35 @@ pub fn message(template: &str, slot: &str, text: &str) -> Message {
     Message::new(Role::System, template.replace(slot, text))
 }
 
+/// `message`, within the `left` tokens of a budget (characters / 4), and
+/// what it took of them: its text cut at a word and marked `...` when the
+/// whole does not fit; none when not even the template does.
+pub fn message_within(template: &str, slot: &str, text: &str, left: &mut usize) -> Option<Message> {
+    let count = |t: &str| t.chars().count().div_ceil(4);
+    let frame = count(&template.replace(slot, ""));
+    let whole = count(text);
+    let room = left.checked_sub(frame).filter(|&r| r > 0)?;
+    let text = if whole <= room {
+        std::borrow::Cow::Borrowed(text)
+    } else {
+        // Room for the marker, then the text up to its last word that fits.
+        let chars = room.saturating_mul(4).saturating_sub(4);
+        let end = text
+            .char_indices()
+            .nth(chars)
+            .map_or(text.len(), |(i, _)| i);
+        let cut = &text[..end];
+        let cut = cut.rfind(char::is_whitespace).map_or(cut, |i| &cut[..i]);
+        if cut.trim().is_empty() {
+            return None;
+        }
+        std::borrow::Cow::Owned(format!("{} ...", cut.trim_end()))
+    };
+    let m = message(template, slot, &text);
+    *left = left.saturating_sub(frame + count(&text));
+    Some(m)
+}
+
 pub mod headings;
 #[cfg(test)]
 mod tests;

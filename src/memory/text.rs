@@ -4,6 +4,7 @@
 //! Pure: what to show is the caller's.
 
 use super::interruption;
+use super::long_term::{self, Fact};
 use super::message::{Message, Role};
 use super::summary::{calls, text_of};
 
@@ -50,13 +51,12 @@ fn push_word(text: &mut String, word: &str) {
 
 /// A user's memory as one block: the note as the carry-over template
 /// frames it, then the facts as the long-term template does (a line
-/// each). `None` when there is neither.
-pub fn user_memory(note: Option<(&str, &str)>, facts: Option<(&str, &[&str])>) -> Option<String> {
+/// each, with its day as a turn shows it). `None` when there is neither.
+pub fn user_memory(note: Option<(&str, &str)>, facts: Option<(&str, &[Fact])>) -> Option<String> {
     let note = note.map(|(template, text)| template.replace("{note}", text));
-    let facts = facts.filter(|(_, f)| !f.is_empty()).map(|(template, f)| {
-        let lines: Vec<String> = f.iter().map(|t| format!("- {t}")).collect();
-        template.replace("{facts}", &lines.join("\n"))
-    });
+    let facts = facts
+        .and_then(|(template, f)| long_term::facts_message(template, f))
+        .map(|m| text_of(&m.content));
     let parts: Vec<String> = note.into_iter().chain(facts).collect();
     (!parts.is_empty()).then(|| parts.join("\n\n"))
 }
@@ -114,14 +114,24 @@ mod tests {
 
     #[test]
     fn a_users_memory_is_the_note_then_the_facts() {
-        let facts = ["I live in Hanoi", "I am allergic to peanuts"];
+        let fact = |text: &str, said_at| Fact {
+            id: "mem_1".into(),
+            text: text.into(),
+            said_at,
+            score: None,
+        };
+        // 8 May 2023, 13:56 UTC.
+        let facts = [
+            fact("I live in Hanoi", None),
+            fact("I am allergic to peanuts", Some(1_683_554_160_000)),
+        ];
         assert_eq!(
             user_memory(
                 Some(("Previously: {note}", "Ada likes tea.")),
                 Some(("Facts:\n{facts}", &facts[..]))
             )
             .as_deref(),
-            Some("Previously: Ada likes tea.\n\nFacts:\n- I live in Hanoi\n- I am allergic to peanuts")
+            Some("Previously: Ada likes tea.\n\nFacts:\n- I live in Hanoi\n- (8 May 2023) I am allergic to peanuts")
         );
         assert_eq!(
             user_memory(None, Some(("Facts:\n{facts}", &facts[..1]))).as_deref(),

@@ -42,6 +42,8 @@ pub enum ModelError {
     Malformed(#[from] Malformed),
     #[error("the local embedding model failed: {0}")]
     Local(String),
+    #[error("strategy {0:?} needs long_term.extract_model, and none is configured")]
+    NoExtractModel(String),
 }
 
 impl From<ModelError> for crate::error::ApiError {

@@ -91,11 +91,15 @@ async fn long_term(
     if !c.enabled {
         return Ok(None);
     }
-    let (Some(extract), Some(embed)) = (&c.extract_model, &c.embedding_model) else {
+    let Some(embed) = &c.embedding_model else {
         return Ok(None);
     };
-    let Some(chat) = chat_model(config, upstreams, extract, metrics) else {
-        return Ok(None);
+    let chat = match &c.extract_model {
+        Some(extract) => match chat_model(config, upstreams, extract, metrics) {
+            Some(chat) => Some(Arc::new(chat) as Arc<dyn crate::models::ChatModel>),
+            None => return Ok(None),
+        },
+        None => None,
     };
     let embedder: Arc<dyn EmbeddingModel> = match c.local_embedder() {
         Some(dir) => local_embedder(embed, dir).await?,
@@ -109,7 +113,7 @@ async fn long_term(
         },
     };
     let parts = Parts {
-        chat: Arc::new(chat),
+        chat,
         embedder,
         records: Arc::clone(records),
         storage: Arc::clone(&policy.storage),

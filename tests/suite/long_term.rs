@@ -150,7 +150,7 @@ async fn told_then_asked(extra: &str) -> Harness {
 
 #[tokio::test]
 async fn a_fact_told_in_one_session_is_recalled_in_the_next_when_relevant() {
-    let h = told_then_asked("").await;
+    let h = told_then_asked("retrieve = \"prefetch\"").await;
     // A new session starts with the user's newest records.
     say(&h, "ana", "s2", "What snack should I bring?").await;
     let first = facts_sent(&h).expect("a new session starts with the user's records");
@@ -1087,9 +1087,19 @@ async fn a_users_memory_reads_as_one_text() {
         .api(Method::GET, "/v1/users/tam/memory?format=text", None)
         .await;
     assert_eq!(status, 200, "{body}");
+    // Newest first, each with the day it was said (when it was added).
+    let listed = records(&h, None, "tam").await;
+    let day = |text: &str| {
+        let r = listed.iter().find(|r| r["text"] == text).unwrap();
+        recall::memory::long_term::day(r["said_at"].as_i64().unwrap()).unwrap()
+    };
     assert_eq!(
         body,
-        format!("Relevant facts about the user:\n- {PEANUTS}\n- {HANOI}")
+        format!(
+            "Relevant facts about the user:\n- ({}) {PEANUTS}\n- ({}) {HANOI}",
+            day(PEANUTS),
+            day(HANOI)
+        )
     );
     let (status, _) = h
         .api(
@@ -1106,7 +1116,9 @@ async fn a_users_memory_reads_as_one_text() {
         body,
         format!(
             "Previously, the user talked about: Tam likes tea.\n\n\
-             Relevant facts about the user:\n- {PEANUTS}\n- {HANOI}"
+             Relevant facts about the user:\n- ({}) {PEANUTS}\n- ({}) {HANOI}",
+            day(PEANUTS),
+            day(HANOI)
         )
     );
     // The JSON form is as it was; another format is refused.

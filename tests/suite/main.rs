@@ -21,6 +21,8 @@ mod lifecycle;
 mod local_embedder;
 mod long_term;
 mod memory;
+mod memory_eval;
+mod memory_quality;
 mod mock_upstream;
 mod observability;
 mod properties;

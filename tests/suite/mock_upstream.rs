@@ -489,9 +489,12 @@ async fn the_long_term_demo_recalls_a_fact_in_the_next_session_when_relevant() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let answer = say("tuesday", "What snack should I bring?").await;
+    // Each fact with the day it was said.
+    let today = recall::memory::long_term::day(recall::clock::now_ms()).unwrap();
     assert!(
-        answer
-            .ends_with("My notes say: Relevant facts about the user:\n- I am allergic to peanuts"),
+        answer.ends_with(&format!(
+            "My notes say: Relevant facts about the user:\n- ({today}) I am allergic to peanuts"
+        )),
         "{answer}"
     );
     let answer = say("wednesday", "Can you recommend some music?").await;

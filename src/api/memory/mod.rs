@@ -39,16 +39,17 @@ use crate::summarizer::Summarizer;
 const RETRY_AFTER_MS: i64 = 30_000;
 
 /// The system messages memory adds to a turn, in order: the note carried
-/// in from the user's last session, then the running summary.
+/// in from the user's last session, then the running summary; within
+/// `max_tokens`, the summary first (it is this conversation's).
 pub(crate) fn injected(config: &MemoryConfig, r: &Remembered) -> impl Iterator<Item = Message> {
+    let mut left = config.max_tokens;
+    let summary = r.summary.as_ref().and_then(|s| {
+        summary::message_within(&config.summary_template, "{summary}", &s.text, &mut left)
+    });
     let note = r
         .carried
         .as_deref()
-        .map(|n| summary::message(&config.carry_over_template, "{note}", n));
-    let summary = r
-        .summary
-        .as_ref()
-        .map(|s| summary::message(&config.summary_template, "{summary}", &s.text));
+        .and_then(|n| summary::message_within(&config.carry_over_template, "{note}", n, &mut left));
     note.into_iter().chain(summary)
 }
 

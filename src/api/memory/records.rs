@@ -26,6 +26,7 @@ fn record_json(user: &str, r: &Record) -> Value {
     json!({
         "id": r.id, "object": "memory.record", "text": r.text, "strategy": r.strategy,
         "namespace": r.namespace, "user": user, "session": r.session,
+        "said_at": r.said_at,
         "created_at": r.created_at, "updated_at": r.updated_at, "recalled_at": r.recalled_at,
     })
 }
@@ -214,8 +215,9 @@ pub async fn delete_record(
     ))
 }
 
-/// `POST .../records` with `{"text", "strategy"}`: stores a fact as an
-/// extraction would (embedded; an update of a record it is close to).
+/// `POST .../records` with `{"text", "strategy", "said_at"}` (the last two
+/// optional): stores a fact as an extraction would (embedded; an update
+/// of a record it is close to), dated `said_at` (Unix ms) or now.
 pub async fn add_record(
     State(app): State<Arc<App>>,
     user: UserTarget,
@@ -234,7 +236,13 @@ pub async fn add_record(
     .ok_or_else(|| {
         RequestError::invalid("`strategy` names no configured strategy", Some("strategy"))
     })?;
-    let done = long_term.add(&user.key, &user.name, text, strategy).await?;
+    let said_at = match number(&body, "said_at", (0.0, 253_402_300_799_999.0), true)? {
+        Some(ms) => ms as i64,
+        None => app.policy.clock.now_ms(),
+    };
+    let done = long_term
+        .add(&user.key, &user.name, text, Some(said_at), strategy)
+        .await?;
     let held = app.records.of(&app.policy.storage, &user.key).await?;
     let stored = held
         .records

@@ -90,9 +90,7 @@ pub async fn get_user_memory(
         };
     }
     let held = app.records.of(&app.policy.storage, &user.key).await?;
-    let mut records: Vec<_> = held.records.iter().collect();
-    records.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(b.id.cmp(&a.id)));
-    let facts: Vec<&str> = records.iter().map(|r| r.text.as_str()).collect();
+    let facts = crate::memory::long_term::recent(&held.records, held.records.len());
     let block = crate::memory::text::user_memory(
         note.as_ref().map(|n| {
             (

@@ -11,6 +11,7 @@ fn record(id: &str, namespace: &str, embedding: Vec<f32>, updated_at: i64) -> Re
         created_at: updated_at,
         updated_at,
         recalled_at: 0,
+        said_at: None,
         embedding: embedding.into(),
     }
 }
@@ -258,6 +259,7 @@ fn fact(text: &str, namespace: &str, embedding: Vec<f32>) -> NewFact {
         text: text.into(),
         strategy: "semantic".into(),
         namespace: namespace.into(),
+        said_at: None,
         embedding,
     }
 }

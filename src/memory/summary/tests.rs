@@ -203,3 +203,28 @@ fn the_mock_summarizes_what_the_user_stated_when_asked_by_recall() {
     ];
     assert!(crate::proxy::mock::echo::reply(&messages).ends_with(" My notes say: Summary: Ada."));
 }
+
+#[test]
+fn a_message_within_a_budget_is_cut_at_a_word() {
+    let mut left = 100;
+    let m = message_within("Note: {note}", "{note}", "Ada likes tea.", &mut left).unwrap();
+    assert_eq!(m.content, "Note: Ada likes tea.");
+    // "Note: " is 2 tokens, the text 4.
+    assert_eq!(left, 94);
+
+    let long = "word ".repeat(100);
+    let mut left = 12;
+    let m = message_within("Note: {note}", "{note}", &long, &mut left).unwrap();
+    let text = m.content.as_str().unwrap();
+    assert!(
+        text.starts_with("Note: word word") && text.ends_with("word ..."),
+        "{text}"
+    );
+    assert!(text.chars().count().div_ceil(4) <= 12, "{text}");
+    assert!(left <= 1, "{left}");
+
+    // No room even for the template: nothing.
+    let mut left = 2;
+    assert!(message_within("Note: {note}", "{note}", "Ada likes tea.", &mut left).is_none());
+    assert_eq!(left, 2);
+}

@@ -27,16 +27,8 @@ pub struct Held {
 /// embedding (kilobytes of numbers as text), which is kept as a blob.
 pub(crate) fn body(r: &Record) -> Result<String, StorageError> {
     let bare = Record {
-        id: r.id.clone(),
-        text: r.text.clone(),
-        strategy: r.strategy.clone(),
-        namespace: r.namespace.clone(),
-        user: r.user.clone(),
-        session: r.session.clone(),
-        created_at: r.created_at,
-        updated_at: r.updated_at,
-        recalled_at: r.recalled_at,
         embedding: Vec::new().into(),
+        ..r.clone()
     };
     let mut v = serde_json::to_value(&bare).map_err(|e| corrupt(&r.id, e))?;
     if let Value::Object(o) = &mut v {

@@ -111,6 +111,7 @@ fn rec(id: &str, text: &str, embedding: Vec<f32>) -> Record {
         created_at: 1_700_000_000_123,
         updated_at: 1_700_000_000_456,
         recalled_at: 0,
+        said_at: None,
         embedding: embedding.into(),
     }
 }
