@@ -227,7 +227,7 @@ fn bench_responses_events(c: &mut Criterion) {
 /// A long-term search: every record of a user scored against the query
 /// (OpenAI's small embedding model has 1,536 dimensions).
 fn bench_long_term_rank(c: &mut Criterion) {
-    use recall::memory::long_term::{rank, Record};
+    use recall::memory::long_term::{hybrid, rank, Record};
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut vector = |dims: usize| -> Vec<f32> {
         (0..dims)
@@ -253,12 +253,69 @@ fn bench_long_term_rank(c: &mut Criterion) {
                 updated_at: i as i64,
                 recalled_at: 0,
                 said_at: None,
+                superseded_by: None,
+                valid_to: None,
                 embedding: vector(1536).into(),
+                terms: Default::default(),
             })
             .collect();
         let query = vector(1536);
         g.bench_with_input(BenchmarkId::from_parameter(n), &records, |b, records| {
             b.iter(|| rank(records, &query, 5, 0.0).len())
+        });
+    }
+    g.finish();
+    // Hybrid: the same, and BM25 over the records' words (sentences of a
+    // dozen words, as the verbatim strategy stores; 384 dimensions, as the
+    // built-in embedder's).
+    let words = [
+        "went",
+        "support",
+        "group",
+        "yesterday",
+        "painting",
+        "sunrise",
+        "kids",
+        "camping",
+        "adoption",
+        "agency",
+        "counseling",
+        "career",
+        "violin",
+        "pottery",
+        "beach",
+        "friends",
+    ];
+    let mut g = c.benchmark_group("long_term_rank_hybrid_384");
+    for n in [100usize, 1000] {
+        let records: Vec<Record> = (0..n)
+            .map(|i| Record {
+                id: format!("mem_{i}"),
+                text: (0..12)
+                    .map(|k| words[(i * 7 + k * 3) % words.len()])
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                strategy: "verbatim".into(),
+                namespace: "facts".into(),
+                user: "u".into(),
+                session: "s".into(),
+                created_at: i as i64,
+                updated_at: i as i64,
+                recalled_at: 0,
+                said_at: None,
+                superseded_by: None,
+                valid_to: None,
+                embedding: vector(384).into(),
+                terms: Default::default(),
+            })
+            .collect();
+        let query = vector(384);
+        let text = "When did Caroline go to the support group with her friends?";
+        g.bench_with_input(BenchmarkId::new("cosine", n), &records, |b, records| {
+            b.iter(|| rank(records, &query, 100, 0.2).len())
+        });
+        g.bench_with_input(BenchmarkId::new("hybrid", n), &records, |b, records| {
+            b.iter(|| hybrid::rank(records, &query, text, 100, 0.2).len())
         });
     }
     g.finish();

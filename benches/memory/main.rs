@@ -12,6 +12,10 @@
 //! `--embedder`: an all-MiniLM-L6-v2 folder for `local:` (default
 //! `$RECALL_TEST_MINILM_DIR`, else `~/.cache/recall-ci/models/all-MiniLM-L6-v2`).
 //! `--set` adds a line to `[long_term]` of the long-term configurations.
+//! They search inline, as recall does by default, but wait for the search
+//! however long it takes: the figures say what memory finds, not whether
+//! a busy machine kept up with `inline_timeout_ms`, and stay the same
+//! from run to run.
 //!
 //! Each configuration runs its own recall (memory storage): the user is
 //! LoCoMo's `speaker_a` (`x-user-id`), `speaker_b`'s lines are a scripted
@@ -126,7 +130,8 @@ struct Setup {
 fn setups(a: &Args) -> Vec<Setup> {
     let memory = "[memory]\nsummarize = true\nsummary_model = \"summarizer\"\ncarry_over = true\n";
     let long_term = format!(
-        "[long_term]\nenabled = true\nembedding_model = \"local:{}\"\n{}\n",
+        "[long_term]\nenabled = true\nembedding_model = \"local:{}\"\n\
+         inline_timeout_ms = 30000\n{}\n",
         a.embedder.display(),
         a.set.join("\n")
     );

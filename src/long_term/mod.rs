@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::config::{LongTermConfig, Ranking, Strategy};
-use crate::memory::long_term::hybrid;
 use crate::memory::long_term::verbatim::{self, Said};
 use crate::memory::long_term::{self as lt, Fact, NewFact, Origin, Record};
+use crate::memory::long_term::{hybrid, supersede};
 use crate::memory::session::{Extraction, Query};
 use crate::memory::tokens::Encoding;
 use crate::metrics::{Job, JobOutcome, LeftOut, RecordChange};
@@ -53,6 +53,8 @@ pub struct Extracted {
     pub left_out: usize,
     /// Distinct facts longer than `MAX_FACT_CHARS`, not stored.
     pub too_long: usize,
+    /// Older records the stored ones superseded.
+    pub superseded: usize,
     /// The user's memory was deleted after the session began: nothing of
     /// it was written back.
     pub stale: bool,
@@ -289,6 +291,7 @@ impl LongTerm {
                 record_id,
             );
             let (added, updated, evicted) = (plan.added, plan.updated, plan.evicted);
+            let superseded = plan.superseded;
             let ids: Vec<String> = plan.put.iter().map(|r| r.id.clone()).collect();
             let changed = self
                 .records
@@ -307,6 +310,7 @@ impl LongTerm {
                     evicted,
                     left_out: 0,
                     too_long: 0,
+                    superseded,
                     stale: false,
                 });
             }
@@ -352,7 +356,9 @@ impl LongTerm {
         let held = self.records.of(&self.storage, user).await?;
         // Nothing to rank (a new user's every turn, until a first
         // extraction): the embedding call would be paid for nothing.
-        let in_scope = |r: &Record| namespace.is_none_or(|ns| r.namespace == ns);
+        // A superseded record is never sent, nor found.
+        let in_scope =
+            |r: &Record| namespace.is_none_or(|ns| r.namespace == ns) && supersede::current(r);
         if !held.records.iter().any(|r| in_scope(r)) {
             return Ok(Vec::new());
         }

@@ -6,6 +6,7 @@
 pub mod headings;
 pub mod hybrid;
 pub mod lenient;
+pub mod supersede;
 pub mod verbatim;
 pub mod words;
 
@@ -37,7 +38,17 @@ pub struct Record {
     /// for a fact a model read from several, the newest of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub said_at: Option<i64>,
+    /// The record that replaced this one (a newer statement of the same
+    /// state: `supersede`), and from when; a superseded record is kept,
+    /// never sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_to: Option<i64>,
     pub embedding: Embedding,
+    /// Its text's terms, found when a search first needs them.
+    #[serde(skip)]
+    pub terms: words::Terms,
 }
 
 /// The pure functions below read a user's records as they are held
@@ -353,7 +364,7 @@ pub fn merge<R: AsRef<Record>>(
         .iter()
         .map(AsRef::as_ref)
         .enumerate()
-        .filter(|(_, r)| r.namespace == namespace)
+        .filter(|(_, r)| r.namespace == namespace && supersede::current(r))
         .map(|(i, r)| (i, probe.cosine(&r.embedding)))
         .filter(|&(_, score)| score >= threshold)
         .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -426,6 +437,8 @@ pub struct Plan {
     pub added: usize,
     pub updated: usize,
     pub evicted: usize,
+    /// Records marked superseded by one of `put`.
+    pub superseded: usize,
 }
 
 /// Where stored facts come from, and when.
@@ -496,12 +509,16 @@ pub fn plan<R: AsRef<Record>>(
                     updated_at: origin.now_ms,
                     recalled_at: 0,
                     said_at: f.said_at,
+                    superseded_by: None,
+                    valid_to: None,
                     embedding,
+                    terms: words::Terms::default(),
                 });
                 continue;
             }
         };
         target.text = f.text;
+        target.terms = words::Terms::default();
         target.said_at = f.said_at.or(target.said_at);
         target.embedding = embedding;
         target.session = origin.session.to_owned();
@@ -533,6 +550,7 @@ pub fn plan<R: AsRef<Record>>(
             plan.added += 1;
         }
     }
+    plan.superseded = supersede::apply(known, &mut plan, origin.now_ms);
     plan
 }
 
@@ -549,8 +567,10 @@ fn known_scores<R: AsRef<Record>>(
         .collect();
     for r in known.iter().map(AsRef::as_ref) {
         for (row, (f, embedding)) in scores.iter_mut().zip(facts) {
-            let score =
-                (r.namespace == f.namespace).then(|| Probe::of(embedding).cosine(&r.embedding));
+            // A superseded record is history: a new fact is not merged
+            // into it.
+            let score = (r.namespace == f.namespace && supersede::current(r))
+                .then(|| Probe::of(embedding).cosine(&r.embedding));
             row.push(score);
         }
     }
@@ -656,9 +676,13 @@ pub fn within_budget(
 }
 
 /// A new session's facts before any search: the user's `limit` most
-/// recently updated records.
+/// recently updated current records.
 pub fn recent<R: AsRef<Record>>(records: &[R], limit: usize) -> Vec<Fact> {
-    let mut order: Vec<&Record> = records.iter().map(AsRef::as_ref).collect();
+    let mut order: Vec<&Record> = records
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|r| supersede::current(r))
+        .collect();
     order.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(a.id.cmp(&b.id)));
     let mut out: Vec<Fact> = Vec::with_capacity(limit);
     for r in order {

@@ -251,3 +251,94 @@ async fn a_long_note_is_cut_to_the_memory_budget() {
         "{carried}"
     );
 }
+
+#[tokio::test]
+async fn a_fact_that_changed_supersedes_the_old_one_and_the_history_keeps_both() {
+    // The user's own words, and the facts an extract model writes.
+    for extract in ["", "extract_model = \"extractor\"\n"] {
+        let h = Harness::start(&verbatim(extract), "models = [\"*\"]").await;
+        turn(&h, "monday", "I live in Paris.", Some(MAY_8)).await;
+        let (status, done) = h
+            .api(Method::POST, "/v1/sessions/monday/memory/extract", None)
+            .await;
+        assert_eq!(
+            (status, done["superseded"].as_u64()),
+            (200, Some(0)),
+            "{done}"
+        );
+        turn(&h, "friday", "I moved to Berlin last week.", Some(MAY_20)).await;
+        let (status, done) = h
+            .api(Method::POST, "/v1/sessions/friday/memory/extract", None)
+            .await;
+        assert_eq!(
+            (status, done["superseded"].as_u64()),
+            (200, Some(1)),
+            "{done}"
+        );
+
+        // Only Berlin is current, and only Berlin is sent.
+        let current = records(&h).await;
+        let texts: Vec<&str> = current
+            .iter()
+            .map(|r| r["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts.len(), 1, "{extract}: {texts:?}");
+        assert!(texts[0].contains("Berlin"), "{texts:?}");
+        turn(&h, "sunday", "Where do I live now?", None).await;
+        let sent = facts_sent(&h).expect("the current fact is sent");
+        assert!(sent.contains("Berlin") && !sent.contains("Paris"), "{sent}");
+
+        // The history shows both: Paris superseded by Berlin, from when
+        // Berlin was said.
+        let (status, page) = h
+            .api(
+                Method::GET,
+                "/v1/users/ana/memory/records?include_superseded=true",
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{page}");
+        let all = page["data"].as_array().unwrap();
+        assert_eq!(all.len(), 2, "{page}");
+        let paris = all
+            .iter()
+            .find(|r| r["text"].as_str().unwrap().contains("Paris"))
+            .unwrap();
+        let berlin = all
+            .iter()
+            .find(|r| r["text"].as_str().unwrap().contains("Berlin"))
+            .unwrap();
+        assert_eq!(paris["superseded_by"], berlin["id"], "{page}");
+        assert_eq!(paris["valid_to"], json!(MAY_20), "{page}");
+        assert_eq!(berlin["superseded_by"], Value::Null, "{page}");
+
+        // Searching finds no superseded record; deleting the user's memory
+        // deletes every record, superseded or not.
+        let (status, found) = h
+            .api(
+                Method::POST,
+                "/v1/users/ana/memory/records/search",
+                Some(json!({"query": "Paris", "score_threshold": 0.0})),
+            )
+            .await;
+        assert_eq!(status, 200, "{found}");
+        assert!(
+            found["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["superseded_by"].is_null()),
+            "{found}"
+        );
+        let (status, _) = h.api(Method::DELETE, "/v1/users/ana/memory", None).await;
+        assert!(status == 200 || status == 204, "{status}");
+        let (_, page) = h
+            .api(
+                Method::GET,
+                "/v1/users/ana/memory/records?include_superseded=true",
+                None,
+            )
+            .await;
+        assert_eq!(page["data"].as_array().map(Vec::len), Some(0), "{page}");
+    }
+}

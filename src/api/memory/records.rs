@@ -26,7 +26,7 @@ fn record_json(user: &str, r: &Record) -> Value {
     json!({
         "id": r.id, "object": "memory.record", "text": r.text, "strategy": r.strategy,
         "namespace": r.namespace, "user": user, "session": r.session,
-        "said_at": r.said_at,
+        "said_at": r.said_at, "superseded_by": r.superseded_by, "valid_to": r.valid_to,
         "created_at": r.created_at, "updated_at": r.updated_at, "recalled_at": r.recalled_at,
     })
 }
@@ -133,10 +133,12 @@ pub struct ListQuery {
     limit: Option<usize>,
     after: Option<String>,
     namespace: Option<String>,
+    include_superseded: Option<bool>,
 }
 
-/// `GET .../records?limit=&after=&namespace=`: newest (last updated) first,
-/// in pages of `limit` (1 to 100, default 20) after the record `after`.
+/// `GET .../records?limit=&after=&namespace=&include_superseded=`: newest
+/// (last updated) first, in pages of `limit` (1 to 100, default 20) after
+/// the record `after`; superseded records only with `include_superseded=true`.
 pub async fn list_records(
     State(app): State<Arc<App>>,
     user: UserTarget,
@@ -152,6 +154,7 @@ pub async fn list_records(
         .iter()
         .map(|r| &**r)
         .filter(|r| q.namespace.as_ref().is_none_or(|ns| &r.namespace == ns))
+        .filter(|r| q.include_superseded == Some(true) || lt::supersede::current(r))
         .collect();
     all.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(b.id.cmp(&a.id)));
     let start = match &q.after {
@@ -288,6 +291,6 @@ fn extracted(session: &str, done: &Extracted) -> Value {
     json!({
         "session_id": session, "facts": done.facts, "added": done.added,
         "updated": done.updated, "evicted": done.evicted, "left_out": done.left_out,
-        "too_long": done.too_long, "stale": done.stale,
+        "too_long": done.too_long, "superseded": done.superseded, "stale": done.stale,
     })
 }

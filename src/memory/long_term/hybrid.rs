@@ -2,28 +2,14 @@
 //! of embeddings) and by words (BM25 over the records' terms), the two
 //! rankings fused by their ranks (reciprocal rank fusion). Embeddings find
 //! what is said in other words; BM25 finds the rare words an embedding
-//! model smooths over (names, places, "violin"). Exact, over every record.
-
-use bm25::{EmbedderBuilder, Scorer, Tokenizer};
+//! model smooths over (names, places, "violin"). Exact, over every record;
+//! the terms are bm25's tokenizer's (`words`).
 
 use super::{words, Probe, Record};
 
 /// Reciprocal rank fusion's constant (Cormack et al.): a record's share
 /// of a ranking is `1 / (K + rank)`.
 const K: f32 = 60.0;
-
-/// Terms already split and joined by spaces (`words::terms`), read back.
-#[derive(Default)]
-struct Spaced;
-
-impl Tokenizer for Spaced {
-    fn tokenize(&self, text: &str) -> Vec<String> {
-        text.split(' ')
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 /// `records` ranked for a query (its embedding and its text), best
 /// first: those scoring at least `threshold` by cosine, or sharing a term
@@ -84,30 +70,64 @@ fn newer<R: AsRef<Record>>(records: &[R], a: usize, b: usize) -> std::cmp::Order
         .cmp(&records[a].as_ref().updated_at)
 }
 
+/// Okapi BM25's constants, as usual (and as the bm25 crate's).
+const K1: f32 = 1.2;
+const B: f32 = 0.75;
+
 /// The indexes of the records sharing a term with `query`, by BM25 score,
-/// best first.
+/// best first. Scored here over each record's cached terms: the bm25
+/// crate's scorer is an index to build, and a user's records change
+/// between searches, so it would be built again for each.
 fn keyword_ranks<R: AsRef<Record>>(records: &[R], query: &str) -> Vec<usize> {
-    let query_terms = words::terms(query);
-    if query_terms.is_empty() || records.is_empty() {
+    let mut asked = words::term_ids(query);
+    asked.sort_unstable();
+    asked.dedup();
+    if asked.is_empty() || records.is_empty() {
         return Vec::new();
     }
-    let terms: Vec<String> = records
-        .iter()
-        .map(|r| words::terms(&r.as_ref().text).join(" "))
-        .collect();
-    let lengths: usize = terms.iter().map(|t| t.split(' ').count()).sum();
-    let avgdl = lengths as f32 / records.len() as f32;
-    let embedder = EmbedderBuilder::<u32, Spaced>::with_avgdl(avgdl.max(1.0))
-        .tokenizer(Spaced)
-        .build();
-    let mut scorer: Scorer<usize, u32> = Scorer::new();
-    for (i, t) in terms.iter().enumerate() {
-        scorer.upsert(&i, embedder.embed(t));
+    // Each record's count of each asked term, and its length.
+    let mut counts: Vec<(usize, Vec<u32>, usize)> = Vec::new();
+    let mut df = vec![0u32; asked.len()];
+    let mut total_len = 0usize;
+    for (i, r) in records.iter().enumerate() {
+        let r = r.as_ref();
+        let terms = r.terms.of(&r.text);
+        total_len += terms.len();
+        // Most records share no term with the query: no counts for them.
+        let mut tf: Option<Vec<u32>> = None;
+        for t in terms {
+            if let Ok(k) = asked.binary_search(t) {
+                tf.get_or_insert_with(|| vec![0; asked.len()])[k] += 1;
+            }
+        }
+        if let Some(tf) = tf {
+            for (d, &n) in df.iter_mut().zip(&tf) {
+                *d += u32::from(n > 0);
+            }
+            counts.push((i, tf, terms.len()));
+        }
     }
-    let mut matches = scorer.matches(&embedder.embed(&query_terms.join(" ")));
-    // Ties in index order, so that a ranking never depends on hashing.
-    matches.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.id.cmp(&b.id)));
-    matches.into_iter().map(|m| m.id).collect()
+    let n = records.len() as f32;
+    let avgdl = (total_len as f32 / n).max(1.0);
+    let idf: Vec<f32> = df
+        .iter()
+        .map(|&d| (1.0 + (n - d as f32 + 0.5) / (d as f32 + 0.5)).ln())
+        .collect();
+    let mut scored: Vec<(usize, f32)> = counts
+        .into_iter()
+        .map(|(i, tf, len)| {
+            let norm = K1 * (1.0 - B + B * len as f32 / avgdl);
+            let score = tf
+                .iter()
+                .zip(&idf)
+                .filter(|(&f, _)| f > 0)
+                .map(|(&f, idf)| idf * f as f32 * (K1 + 1.0) / (f as f32 + norm))
+                .sum();
+            (i, score)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    scored.into_iter().map(|(i, _)| i).collect()
 }
 
 #[cfg(test)]
@@ -126,7 +146,10 @@ mod tests {
             updated_at: 0,
             recalled_at: 0,
             said_at: None,
+            superseded_by: None,
+            valid_to: None,
             embedding: embedding.into(),
+            terms: Default::default(),
         }
     }
 

@@ -12,7 +12,10 @@ fn record(id: &str, namespace: &str, embedding: Vec<f32>, updated_at: i64) -> Re
         updated_at,
         recalled_at: 0,
         said_at: None,
+        superseded_by: None,
+        valid_to: None,
         embedding: embedding.into(),
+        terms: Default::default(),
     }
 }
 

@@ -112,7 +112,10 @@ fn rec(id: &str, text: &str, embedding: Vec<f32>) -> Record {
         updated_at: 1_700_000_000_456,
         recalled_at: 0,
         said_at: None,
+        superseded_by: None,
+        valid_to: None,
         embedding: embedding.into(),
+        terms: Default::default(),
     }
 }
 
