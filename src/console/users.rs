@@ -34,6 +34,7 @@ pub async fn page(
     };
     let mut records: Vec<&Record> = held.records.iter().map(|r| &**r).collect();
     records.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(b.id.cmp(&a.id)));
+    let superseded = records.iter().filter(|r| r.superseded_by.is_some()).count();
     let href = user_href(&user.name);
     let note = note.filter(|n| !n.forgotten);
     let body = html! {
@@ -49,15 +50,29 @@ pub async fn page(
             }
         }
         section #records {
-            h2 { "Long-term records (" (records.len()) ")" }
+            h2 {
+                "Long-term records (" (records.len() - superseded) " current"
+                @if superseded > 0 { ", " (superseded) " superseded" }
+                ")"
+            }
             @if records.is_empty() { p.empty { "No records." } }
             @else {
                 table #record-list {
-                    thead { tr { th { "Fact" } th { "Strategy" } th { "Namespace" } th { "Updated" } th { "Recalled" } th {} } }
+                    thead { tr { th { "Fact" } th { "Said" } th { "Strategy" } th { "Namespace" } th { "Updated" } th { "Recalled" } th {} } }
                     tbody {
                         @for r in &records {
-                            tr.record data-record=(r.id) {
-                                td { (r.text) }
+                            tr.record.superseded[r.superseded_by.is_some()] data-record=(r.id) id=(format!("record-{}", r.id)) {
+                                td {
+                                    (r.text)
+                                    @if let Some(by) = &r.superseded_by {
+                                        div.meta {
+                                            "superseded by "
+                                            a href=(format!("#record-{by}")) { (by) }
+                                            @if let Some(t) = r.valid_to { " from " (when(t)) }
+                                        }
+                                    }
+                                }
+                                td { @if let Some(t) = r.said_at { (when(t)) } }
                                 td { (r.strategy) }
                                 td.ns { (r.namespace) }
                                 td { (when(r.updated_at)) }

@@ -694,3 +694,75 @@ async fn a_bad_address_under_ui_is_a_page_not_json() {
         assert!(p.headers.contains_key("content-security-policy"));
     }
 }
+
+#[tokio::test]
+async fn a_users_page_shows_when_each_record_was_said_and_what_superseded_what() {
+    let h = console(&format!(
+        "[long_term]\nenabled = true\nembedding_model = \"{EMBEDDER}\"\nextract_every_turns = 1000\n"
+    ))
+    .await;
+    for (session, text, at) in [
+        ("s-paris", "I live in Paris.", 1_683_554_160_000i64),
+        (
+            "s-berlin",
+            "I moved to Berlin last week.",
+            1_684_573_200_000,
+        ),
+    ] {
+        let resp = h
+            .client
+            .post(format!("{}/v1/chat/completions", h.url))
+            .header("x-session-id", session)
+            .header("x-user-id", "ana")
+            .json(&json!({"model": "gpt-test",
+                          "messages": [{"role": "user", "content": text, "timestamp": at}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let path = format!("/v1/sessions/{session}/memory/extract");
+        let (status, body) = h.api(Method::POST, &path, None).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (_, page) = h
+        .api(
+            Method::GET,
+            "/v1/users/ana/memory/records?include_superseded=true",
+            None,
+        )
+        .await;
+    let id_of = |word: &str| {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["text"].as_str().unwrap().contains(word))
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let (paris, berlin) = (id_of("Paris"), id_of("Berlin"));
+    let b = Browser::new(&h);
+    let body = b.get("/ui/users/ana").await.body;
+    assert!(
+        body.contains("Long-term records (1 current, 1 superseded)"),
+        "{body}"
+    );
+    // Each record with the day it was said; Paris marked, linking Berlin.
+    assert!(body.contains(r#"<time data-ms="1683554160000">"#), "{body}");
+    assert!(body.contains(r#"<time data-ms="1684573200000">"#), "{body}");
+    let row = between(&body, &format!(r#"data-record="{paris}""#), "</tr>");
+    assert!(
+        row.contains(&format!(
+            r##"superseded by <a href="#record-{berlin}">{berlin}</a>"##
+        )),
+        "{row}"
+    );
+    assert!(
+        body.contains(&format!(
+            r#"<tr class="record superseded" data-record="{paris}" id="record-{paris}""#
+        )),
+        "{body}"
+    );
+    let row = between(&body, &format!(r#"data-record="{berlin}""#), "</tr>");
+    assert!(!row.contains("superseded by"), "{row}");
+}

@@ -213,9 +213,11 @@ async fn long_term_memory_recalls_by_meaning_with_the_local_embedder() {
     let Some(dir) = model_dir() else { return };
     let config = format!(
         "[long_term]\nenabled = true\nextract_model = \"{EXTRACTOR}\"\n\
-         embedding_model = \"local:{}\"\nextract_every_turns = 1000\n",
+         embedding_model = \"local:{}\"\nextract_every_turns = 1000\n\
+         retrieve = \"prefetch\"\n",
         dir.display()
     );
+    // Prefetch: the turn after a question sends that question's search.
     let h = Harness::start(&config, "models = [\"gpt-test\", \"extractor\"]").await;
     say_as(&h, None, "ana", "s1", &format!("{PEANUTS}. {HANOI}.")).await;
     extract(&h, "s1").await;
