@@ -5,7 +5,7 @@ recall's HTTP API.
 """
 
 from __future__ import annotations
-
+import re
 import time
 
 from openai import OpenAI
@@ -76,8 +76,9 @@ def test_a_fact_told_in_one_session_is_recalled_in_the_next_when_relevant():
         texts = sorted(r["text"] for r in wait_for(records, "records for ana"))
         assert texts == ["I am allergic to peanuts", "I live in Hanoi"]
         answer = say(client(base, "py-tuesday", "ana"), "What snack should I bring?")
-        assert answer.endswith(
-            "My notes say: Relevant facts about the user:\n- I am allergic to peanuts"), answer
+        # The fact with the day it was said (today, UTC).
+        assert re.search(r"My notes say: Relevant facts about the user:\n"
+                         r"- \(\d{1,2} [A-Z][a-z]{2} \d{4}\) I am allergic to peanuts$", answer), answer
         assert "My notes say" not in say(client(base, "py-wednesday", "ana"), "Can you recommend some music?")
         # Searched through the API, the same facts by meaning.
         status, found = http("POST", f"{base}/v1/users/ana/memory/records/search",
