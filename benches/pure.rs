@@ -224,6 +224,26 @@ fn bench_responses_events(c: &mut Criterion) {
     });
 }
 
+/// The `i`th of a user's records, created and updated at `i`.
+fn record(i: usize, text: String, embedding: Vec<f32>) -> recall::memory::long_term::Record {
+    recall::memory::long_term::Record {
+        id: format!("mem_{i}"),
+        text,
+        strategy: "semantic".into(),
+        namespace: "facts".into(),
+        user: "u".into(),
+        session: "s".into(),
+        created_at: i as i64,
+        updated_at: i as i64,
+        recalled_at: 0,
+        said_at: None,
+        superseded_by: None,
+        valid_to: None,
+        embedding: embedding.into(),
+        terms: Default::default(),
+    }
+}
+
 /// A long-term search: every record of a user scored against the query
 /// (OpenAI's small embedding model has 1,536 dimensions).
 fn bench_long_term_rank(c: &mut Criterion) {
@@ -242,22 +262,7 @@ fn bench_long_term_rank(c: &mut Criterion) {
     let mut g = c.benchmark_group("long_term_rank_1536");
     for n in [100usize, 1000] {
         let records: Vec<Record> = (0..n)
-            .map(|i| Record {
-                id: format!("mem_{i}"),
-                text: format!("fact {i}"),
-                strategy: "semantic".into(),
-                namespace: "facts".into(),
-                user: "u".into(),
-                session: "s".into(),
-                created_at: i as i64,
-                updated_at: i as i64,
-                recalled_at: 0,
-                said_at: None,
-                superseded_by: None,
-                valid_to: None,
-                embedding: vector(1536).into(),
-                terms: Default::default(),
-            })
+            .map(|i| record(i, format!("fact {i}"), vector(1536)))
             .collect();
         let query = vector(1536);
         g.bench_with_input(BenchmarkId::from_parameter(n), &records, |b, records| {
@@ -289,24 +294,11 @@ fn bench_long_term_rank(c: &mut Criterion) {
     let mut g = c.benchmark_group("long_term_rank_hybrid_384");
     for n in [100usize, 1000] {
         let records: Vec<Record> = (0..n)
-            .map(|i| Record {
-                id: format!("mem_{i}"),
-                text: (0..12)
+            .map(|i| {
+                let text: Vec<&str> = (0..12)
                     .map(|k| words[(i * 7 + k * 3) % words.len()])
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                strategy: "verbatim".into(),
-                namespace: "facts".into(),
-                user: "u".into(),
-                session: "s".into(),
-                created_at: i as i64,
-                updated_at: i as i64,
-                recalled_at: 0,
-                said_at: None,
-                superseded_by: None,
-                valid_to: None,
-                embedding: vector(384).into(),
-                terms: Default::default(),
+                    .collect();
+                record(i, text.join(" "), vector(384))
             })
             .collect();
         let query = vector(384);

@@ -44,6 +44,20 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// 9999-12-31T23:59:59.999Z: the last time an HTTP date can show.
+pub const LAST_MS: i64 = 253_402_300_799_999;
+
+/// A Unix time in ms as an HTTP date (`Mon, 08 May 2023 13:56:00 GMT`);
+/// none outside the years 1970 to 9999, which httpdate does not format
+/// (and panics past): clients set timestamps.
+pub fn http_date(ms: i64) -> Option<String> {
+    if !(0..=LAST_MS).contains(&ms) {
+        return None;
+    }
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64);
+    Some(httpdate::fmt_http_date(at))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

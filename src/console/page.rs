@@ -115,17 +115,11 @@ pub fn done_or_error<T>(ctx: &Ctx, done: Result<T, ApiError>, to: &str) -> Respo
 /// A time in Unix milliseconds as the page shows it (UTC; the script
 /// puts it in the reader's time zone, from `data-ms`).
 pub fn when(ms: i64) -> Markup {
-    // Clients set timestamps: httpdate formats (and panics past) only
-    // years 1970 to 9999, so anything else is shown as the number it is.
-    if !(0..=LAST_MS).contains(&ms) {
-        return html! { span.raw-time { (ms) } };
+    match crate::clock::http_date(ms) {
+        Some(date) => html! { time data-ms=(ms) { (date) } },
+        None => html! { span.raw-time { (ms) } },
     }
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64);
-    html! { time data-ms=(ms) { (httpdate::fmt_http_date(at)) } }
 }
-
-/// 9999-12-31T23:59:59.999Z.
-const LAST_MS: i64 = 253_402_300_799_999;
 
 #[cfg(test)]
 mod tests {

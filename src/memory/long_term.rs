@@ -726,13 +726,8 @@ pub fn fact_line(f: &Fact) -> String {
 /// The UTC day of a Unix time in ms, as `8 May 2023`; none outside the
 /// years 1970 to 9999 (a client sets timestamps).
 pub fn day(ms: i64) -> Option<String> {
-    const LAST_MS: i64 = 253_402_300_799_999;
-    if !(0..=LAST_MS).contains(&ms) {
-        return None;
-    }
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64);
     // `Mon, 08 May 2023 13:56:00 GMT`
-    let http = httpdate::fmt_http_date(at);
+    let http = crate::clock::http_date(ms)?;
     let mut parts = http.split(' ').skip(1);
     let (d, m, y) = (parts.next()?, parts.next()?, parts.next()?);
     Some(format!("{} {m} {y}", d.trim_start_matches('0')))

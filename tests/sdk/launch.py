@@ -105,11 +105,14 @@ def http(method: str, url: str, body=None, timeout: float = 5.0):
 
 
 @contextlib.contextmanager
-def shipped_config(name: str):
+def shipped_config(name: str, edit=None):
     """recall on `config/<name>` as shipped (its mock://echo upstream), on a
-    port of its own; yields its base URL."""
+    port of its own, or as `edit` (text to text) changes it; yields its
+    base URL."""
     port = free_port()
     text = (REPO / "config" / name).read_text()
+    if edit is not None:
+        text = edit(text)
     config = Path(tempfile.mkdtemp()) / name
     config.write_text(re.sub(r"(?m)^listen = .*$", f'listen = "127.0.0.1:{port}"', text))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALL_")}

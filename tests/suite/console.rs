@@ -709,17 +709,7 @@ async fn a_users_page_shows_when_each_record_was_said_and_what_superseded_what()
             1_684_573_200_000,
         ),
     ] {
-        let resp = h
-            .client
-            .post(format!("{}/v1/chat/completions", h.url))
-            .header("x-session-id", session)
-            .header("x-user-id", "ana")
-            .json(&json!({"model": "gpt-test",
-                          "messages": [{"role": "user", "content": text, "timestamp": at}]}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
+        say_at(&h, "ana", session, text, Some(at)).await;
         let path = format!("/v1/sessions/{session}/memory/extract");
         let (status, body) = h.api(Method::POST, &path, None).await;
         assert_eq!(status, 200, "{body}");

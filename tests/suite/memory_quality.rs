@@ -22,20 +22,7 @@ fn verbatim(extra: &str) -> String {
 }
 
 async fn turn(h: &Harness, session: &str, content: &str, timestamp: Option<i64>) {
-    let mut m = json!({"role": "user", "content": content});
-    if let Some(t) = timestamp {
-        m["timestamp"] = json!(t);
-    }
-    let resp = h
-        .client
-        .post(format!("{}/v1/chat/completions", h.url))
-        .header("x-session-id", session)
-        .header("x-user-id", "ana")
-        .json(&json!({"model": "gpt-test", "messages": [m]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    say_at(h, "ana", session, content, timestamp).await;
 }
 
 /// The facts message of the last turn the upstream received.

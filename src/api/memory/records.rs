@@ -239,7 +239,7 @@ pub async fn add_record(
     .ok_or_else(|| {
         RequestError::invalid("`strategy` names no configured strategy", Some("strategy"))
     })?;
-    let said_at = match number(&body, "said_at", (0.0, 253_402_300_799_999.0), true)? {
+    let said_at = match number(&body, "said_at", (0.0, crate::clock::LAST_MS as f64), true)? {
         Some(ms) => ms as i64,
         None => app.policy.clock.now_ms(),
     };

@@ -37,16 +37,11 @@ pub fn rank<'a, R: AsRef<Record>>(
     for (rank, &i) in by_meaning.iter().enumerate() {
         fused[i] = 1.0 / (K + rank as f32 + 1.0);
     }
+    let mut matched = vec![false; records.len()];
     for (rank, &i) in keyword.iter().enumerate() {
         fused[i] += 1.0 / (K + rank as f32 + 1.0);
+        matched[i] = true;
     }
-    let matched: Vec<bool> = {
-        let mut m = vec![false; records.len()];
-        for &i in &keyword {
-            m[i] = true;
-        }
-        m
-    };
     let mut order: Vec<usize> = (0..records.len())
         .filter(|&i| cosines[i] >= threshold || matched[i])
         .collect();

@@ -83,6 +83,11 @@ pub fn apply<R: AsRef<Record>>(known: &[R], plan: &mut Plan, now_ms: i64) -> usi
                 .push(Candidate::Put(i, when(r)));
         }
     }
+    // Most extractions state no such thing: the user's records are not
+    // read for one.
+    if groups.is_empty() {
+        return 0;
+    }
     for (i, r) in known.iter().map(AsRef::as_ref).enumerate() {
         if removed.contains(r.id.as_str()) || putting.contains_key(r.id.as_str()) || !current(r) {
             continue;

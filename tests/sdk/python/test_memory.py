@@ -93,3 +93,29 @@ def test_a_fact_told_in_one_session_is_recalled_in_the_next_when_relevant():
         assert status == 200 and gone["records"] == 2
         status, left = http("GET", f"{base}/v1/users/ana/memory/records")
         assert left["data"] == []
+
+
+def test_the_users_own_words_are_remembered_dated_and_a_changed_fact_supersedes_the_old():
+    """The `verbatim` strategy (no extract model) through the SDK: the
+    messages' `timestamp` dates the records, and "I moved to Berlin"
+    supersedes "I live in Paris"."""
+    no_extractor = lambda text: re.sub(r"(?m)^extract_model = .*$", "", text)
+    with shipped_config("demo-long-term.toml", edit=no_extractor) as base:
+        for session, text, at in [("py-paris", "I live in Paris.", 1_683_554_160_000),
+                                  ("py-berlin", "I moved to Berlin last week.", 1_684_573_200_000)]:
+            c = client(base, session, "ana")
+            c.chat.completions.create(model="gpt-4o-mini", messages=[
+                {"role": "user", "content": text, "timestamp": at}])
+            status, done = http("POST", f"{base}/v1/sessions/{session}/memory/extract")
+            assert status == 200, done
+        status, page = http("GET", f"{base}/v1/users/ana/memory/records?include_superseded=true")
+        assert status == 200
+        by_text = {r["text"]: r for r in page["data"]}
+        assert set(by_text) == {"I live in Paris.", "I moved to Berlin last week."}, by_text
+        paris, berlin = by_text["I live in Paris."], by_text["I moved to Berlin last week."]
+        assert (paris["strategy"], paris["said_at"]) == ("verbatim", 1_683_554_160_000)
+        assert paris["superseded_by"] == berlin["id"] and paris["valid_to"] == 1_684_573_200_000
+        assert berlin["superseded_by"] is None
+        answer = say(client(base, "py-sunday", "ana"), "Where do I live now?")
+        assert answer.endswith("My notes say: Relevant facts about the user:\n"
+                               "- (20 May 2023) I moved to Berlin last week."), answer

@@ -678,6 +678,25 @@ pub async fn say_as(
     resp.json().await.unwrap()
 }
 
+/// Sends `text` in `session` as `user`, with the message's `timestamp`
+/// (Unix ms) when given; the turn must succeed.
+pub async fn say_at(h: &Harness, user: &str, session: &str, text: &str, timestamp: Option<i64>) {
+    let mut m = json!({"role": "user", "content": text});
+    if let Some(t) = timestamp {
+        m["timestamp"] = json!(t);
+    }
+    let resp = h
+        .client
+        .post(format!("{}/v1/chat/completions", h.url))
+        .header("x-session-id", session)
+        .header("x-user-id", user)
+        .json(&json!({"model": "gpt-test", "messages": [m]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
 /// A recall server in front of a mock upstream.
 pub struct Harness {
     pub url: String,
