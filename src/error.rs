@@ -122,11 +122,14 @@ pub enum ApiError {
     /// A bug in recall, not anybody's input; details are in the log.
     #[error("internal error in recall")]
     Internal,
-    /// Storage did not take a write. The session is reloaded from storage
-    /// before its next request, so its history holds what was stored:
-    /// nothing of this request, or (when only the reply's record failed)
-    /// its own messages without a reply, which a retry does not repeat.
-    #[error("memory storage is unavailable ({0}): this request did not complete, the session's history holds at most its messages and never its reply, and a retry of it runs it once")]
+    /// Storage did not take a write, or (Redis) took it on a node whose
+    /// replicas did not have it in time. The session is reloaded from
+    /// storage before its next request, so its history holds what was
+    /// stored: nothing of this request, or (when only the reply's record
+    /// failed) its own messages without a reply, which a retry does not
+    /// repeat; a turn not replicated may be whole in it, or gone after a
+    /// failover, and a retry runs it again in place of the reply.
+    #[error("{}", storage_message(.0))]
     Storage(#[from] crate::store::StorageError),
     #[error("recall is at its limit of {limit} upstream calls at once (server.max_concurrent_upstream); retry shortly")]
     Overloaded { limit: usize },
@@ -346,4 +349,28 @@ impl From<crate::memory::message::MessageError> for ApiError {
         let param = e.param();
         RequestError::invalid(e.to_string(), Some(&param)).into()
     }
+}
+
+/// What a client is told when storage failed a request: which store (and
+/// node), and what the session's history now holds.
+fn storage_message(e: &crate::store::StorageError) -> String {
+    use crate::store::StorageError as E;
+    let what = match e {
+        E::NotStored(why) => why.clone(),
+        E::NotReplicated(why) => {
+            return format!(
+                "{why}; this request did not complete: the session's history holds \
+                 the turn unless a failover drops it, and a retry of it runs it again \
+                 in place of the reply you did not get"
+            )
+        }
+        E::Node { .. } => e.to_string(),
+        E::Sqlite(_) | E::Dir { .. } => format!("the SQLite store failed ({e})"),
+        E::Redis(_) => format!("the Redis store failed ({e})"),
+        E::Corrupt(_) | E::Stopped | E::Failed(_) | E::Task(_) => format!("storage failed ({e})"),
+    };
+    format!(
+        "{what}; the turn was not stored: this request did not complete, the session's \
+         history holds at most its messages and never its reply, and a retry of it runs it once"
+    )
 }

@@ -19,6 +19,18 @@ pub struct StorageConfig {
     /// Redis: how long a replica's claim on a session lasts unless renewed
     /// (a dead replica blocks a session at most this long).
     pub lease_ms: u64,
+    /// Redis: how many replicas of the written node must have a turn's
+    /// writes before it is answered (`WAIT`), so that a failover loses
+    /// nothing acknowledged. Unset: 1 when the Redis or the cluster reports
+    /// replicas at start, else 0.
+    pub min_replicas: Option<u32>,
+    /// Redis: how long a write waits for `min_replicas`; past it the turn
+    /// gets a 503 that says the write reached the node but not its
+    /// replicas.
+    pub replica_ack_timeout_ms: u64,
+    /// Redis: how long one command may take before it counts as failed
+    /// (a turn on a node that does not answer waits at most this long).
+    pub timeout_ms: u64,
 }
 
 impl Default for StorageConfig {
@@ -30,6 +42,9 @@ impl Default for StorageConfig {
             url: None,
             key_prefix: "recall".into(),
             lease_ms: 10_000,
+            min_replicas: None,
+            replica_ack_timeout_ms: 1_000,
+            timeout_ms: 10_000,
         }
     }
 }

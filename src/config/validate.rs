@@ -61,6 +61,15 @@ impl Config {
             if self.storage.lease_ms < 100 {
                 return Err(invalid("storage.lease_ms", "must be at least 100"));
             }
+            if self.storage.replica_ack_timeout_ms == 0 {
+                return Err(invalid(
+                    "storage.replica_ack_timeout_ms",
+                    "must be at least 1 (0 would make WAIT wait for ever)",
+                ));
+            }
+            if self.storage.timeout_ms < 100 {
+                return Err(invalid("storage.timeout_ms", "must be at least 100"));
+            }
         }
         if self.storage.backend == StorageBackend::Sqlite && self.storage.path.trim().is_empty() {
             return Err(invalid("storage.path", "must name the database file"));

@@ -94,6 +94,7 @@ pub struct Metrics {
     webhook: Family<OutcomeLabels, Counter>,
     sessions_ended: Counter,
     storage_write_seconds: Histograms<BackendLabels>,
+    storage_not_replicated: Counter,
     /// The running summary and carry-over.
     pub memory: MemoryMetrics,
 }
@@ -212,6 +213,13 @@ impl Default for Metrics {
             "Time to make one batch of changes durable (one group commit)",
             storage_write_seconds.clone(),
         );
+        let storage_not_replicated = Counter::default();
+        registry.register(
+            "storage_not_replicated",
+            "Writes the Redis node took but too few of its replicas acknowledged in time \
+             ([storage] min_replicas, replica_ack_timeout_ms): answered 503",
+            storage_not_replicated.clone(),
+        );
         let memory = MemoryMetrics::register(&mut registry);
         let mut readable = Registry::default();
         readable.register(reading::REQUESTS, "", requests.clone());
@@ -273,6 +281,7 @@ impl Default for Metrics {
             webhook,
             sessions_ended,
             storage_write_seconds,
+            storage_not_replicated,
             memory,
         }
     }
@@ -442,6 +451,11 @@ impl Metrics {
             failed_attempts: self.memory.failed_attempts(),
             ..reading::parse(&text)
         }
+    }
+
+    /// What the Redis writer counts writes too few replicas took with.
+    pub fn storage_not_replicated(&self) -> Counter {
+        self.storage_not_replicated.clone()
     }
 
     /// What a storage writer reports its group commits with.

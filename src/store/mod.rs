@@ -20,8 +20,8 @@ pub mod sqlite;
 pub use notes::Notes;
 pub use op::{Listed, Loaded, Meta, Op};
 pub use records::{Held, Records};
-pub use round::Ticket;
 pub(crate) use round::{gather, settle, Batch, Faults, Fences};
+pub use round::{Outcome, Refused, Ticket};
 
 use std::sync::Arc;
 
@@ -34,6 +34,9 @@ pub enum StorageError {
     Sqlite(#[from] rusqlite::Error),
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
+    /// A Redis command that failed on a known node.
+    #[error("Redis node {node} {why}")]
+    Node { node: String, why: String },
     #[error("cannot create {path}: {source}")]
     Dir {
         path: String,
@@ -46,6 +49,9 @@ pub enum StorageError {
     /// A write the writer could not make durable (its reason).
     #[error("not stored: {0}")]
     NotStored(String),
+    /// A write the node took but too few of its replicas did in time.
+    #[error("{0}")]
+    NotReplicated(String),
     /// A writer's own reason for failing a write (no library error).
     #[error("{0}")]
     Failed(String),
@@ -104,9 +110,14 @@ impl Storage {
             StorageBackend::Sqlite => Storage::Sqlite(
                 sqlite::Sqlite::open(config, metrics.storage_writes("sqlite")).await?,
             ),
-            StorageBackend::Redis => {
-                Storage::Redis(redis::Redis::open(config, metrics.storage_writes("redis")).await?)
-            }
+            StorageBackend::Redis => Storage::Redis(
+                redis::Redis::open(
+                    config,
+                    metrics.storage_writes("redis"),
+                    metrics.storage_not_replicated(),
+                )
+                .await?,
+            ),
         }))
     }
 
@@ -199,7 +210,9 @@ impl Storage {
                 s.load(id).await
             }
             Storage::Redis(r) => {
-                self.flush().await?;
+                // This session's writes only: another node's stall must
+                // not hold up a read of a session on this one.
+                r.flush_of(id.to_owned()).durable().await?;
                 r.load(id).await
             }
         }

@@ -25,7 +25,7 @@ impl Notes {
                 s.note(user).await?
             }
             Storage::Redis(r) => {
-                storage.flush().await?;
+                r.flush_of(r.note_key(user)).durable().await?;
                 r.note(user).await?
             }
         };

@@ -12,16 +12,49 @@ use tokio::sync::oneshot;
 
 use super::*;
 
+/// Why a writer did not take a batch durably.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Nothing of it was written: why.
+    NotStored(String),
+    /// Written on the node, but fewer of its replicas than required have
+    /// it: a failover may lose it.
+    NotReplicated(String),
+}
+
+impl From<String> for Refused {
+    fn from(why: String) -> Self {
+        Refused::NotStored(why)
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(why: &str) -> Self {
+        Refused::NotStored(why.to_owned())
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::NotStored(why) | Refused::NotReplicated(why) => f.write_str(why),
+        }
+    }
+}
+
+/// How a writer took one batch.
+pub type Outcome = Result<(), Refused>;
+
 /// Resolves when the ops it was issued for are durable (or failed).
 #[derive(Debug, Default)]
-pub struct Ticket(Vec<oneshot::Receiver<Result<(), String>>>);
+pub struct Ticket(Vec<oneshot::Receiver<Outcome>>);
 
 impl Ticket {
     pub fn ready() -> Self {
         Ticket(Vec::new())
     }
 
-    pub(crate) fn pending(rx: oneshot::Receiver<Result<(), String>>) -> Self {
+    pub(crate) fn pending(rx: oneshot::Receiver<Outcome>) -> Self {
         Ticket(vec![rx])
     }
 
@@ -35,7 +68,8 @@ impl Ticket {
         for rx in self.0 {
             match rx.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(StorageError::NotStored(e)),
+                Ok(Err(Refused::NotStored(e))) => return Err(StorageError::NotStored(e)),
+                Ok(Err(Refused::NotReplicated(e))) => return Err(StorageError::NotReplicated(e)),
                 Err(_) => return Err(StorageError::Stopped),
             }
         }
@@ -53,7 +87,11 @@ impl Ticket {
 /// webhook event's: the writers apply it whole or not at all.
 pub(crate) struct Batch {
     pub ops: Vec<Op>,
-    pub done: Option<oneshot::Sender<Result<(), String>>>,
+    pub done: Option<oneshot::Sender<Outcome>>,
+    /// For a flush (no ops): the one key whose earlier writes it waits for
+    /// (a session's id, or a key of its own), where the writer can tell;
+    /// `None` waits for every earlier write.
+    pub after: Option<String>,
 }
 
 impl Batch {
@@ -119,19 +157,20 @@ impl Fences {
 
     /// Whether a batch may be applied now: refused, with the reason, when
     /// its session is fenced and it does not lift the fence.
-    pub fn admits(&self, batch: &Batch) -> Result<(), String> {
+    pub fn admits(&self, batch: &Batch) -> Outcome {
         match batch.session() {
             Some(id) if !batch.lifts_fence() && self.contains(id) => Err(format!(
                 "an earlier write of session `{id}` failed, and this later change was \
                  refused with it; the session is reloaded from storage before its next request"
-            )),
+            )
+            .into()),
             _ => Ok(()),
         }
     }
 
     /// After a batch is applied (or failed): a failure fences its
     /// session, a `Resume` or `Delete` that went through lifts the fence.
-    pub fn settled(&self, batch: &Batch, result: &Result<(), String>) {
+    pub fn settled(&self, batch: &Batch, result: &Outcome) {
         if let Some(id) = batch.session() {
             match result {
                 Err(_) => self.insert(id),
@@ -197,7 +236,7 @@ pub(crate) fn settle(
     ops: usize,
     fences: &Fences,
     batches: Vec<Batch>,
-    results: Vec<Result<(), String>>,
+    results: Vec<Outcome>,
 ) {
     let failed = results.iter().filter(|r| r.is_err()).count();
     if failed > 0 {

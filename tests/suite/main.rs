@@ -13,6 +13,7 @@ mod cluster;
 mod console;
 mod durability;
 mod errors;
+mod failover;
 mod fidelity;
 mod fuzz_corpus;
 mod interruptions;

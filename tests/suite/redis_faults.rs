@@ -24,12 +24,12 @@ use common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-fn ms(n: u64) -> Duration {
+pub(crate) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
 /// Whether this test's body runs here; prints why not.
-fn enabled(test: &str) -> bool {
+pub(crate) fn enabled(test: &str) -> bool {
     if std::env::var("RECALL_TEST_BACKEND").as_deref() != Ok("redis") {
         eprintln!("SKIPPED: {test}: runs once, with RECALL_TEST_BACKEND=redis");
         return false;
@@ -56,7 +56,7 @@ fn enabled(test: &str) -> bool {
 /// `n` ports from `base..base + 100` that are free, with their cluster bus
 /// port (+10000) free too. Tests of this binary run at once, so each port
 /// is handed out once per process.
-fn free_ports(base: u16, n: usize) -> Vec<u16> {
+pub(crate) fn free_ports(base: u16, n: usize) -> Vec<u16> {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let start = std::process::id() as usize;
     let bindable = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
@@ -74,10 +74,10 @@ fn free_ports(base: u16, n: usize) -> Vec<u16> {
 }
 
 /// A scratch directory of this test's own, removed on drop.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub PathBuf);
 
 impl Scratch {
-    fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Self {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("redis-faults-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -93,15 +93,15 @@ impl Drop for Scratch {
 }
 
 /// A redis-server of the test's own, killed on drop.
-struct RedisServer {
-    port: u16,
+pub(crate) struct RedisServer {
+    pub port: u16,
     dir: PathBuf,
     args: Vec<String>,
-    child: Option<Child>,
+    pub child: Option<Child>,
 }
 
 impl RedisServer {
-    async fn start(port: u16, dir: &Path, args: &[&str]) -> Self {
+    pub async fn start(port: u16, dir: &Path, args: &[&str]) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         let mut s = Self {
             port,
@@ -113,17 +113,17 @@ impl RedisServer {
         s
     }
 
-    fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    fn addr(&self) -> String {
+    pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// Starts the server (again) on the same port and directory, and waits
     /// until it answers PING (an AOF being loaded answers LOADING first).
-    async fn restart(&mut self) {
+    pub async fn restart(&mut self) {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .arg("--dir")
@@ -146,7 +146,7 @@ impl RedisServer {
     }
 
     /// kill -9: nothing is flushed that was not already.
-    fn kill9(&mut self) {
+    pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -154,7 +154,7 @@ impl RedisServer {
     }
 
     /// `SHUTDOWN NOSAVE`: no RDB snapshot (the AOF is still fsynced).
-    async fn shutdown_nosave(&mut self) {
+    pub async fn shutdown_nosave(&mut self) {
         self.cli(&["SHUTDOWN", "NOSAVE"]).await;
         if let Some(mut c) = self.child.take() {
             let _ = tokio::task::spawn_blocking(move || c.wait()).await;
@@ -162,7 +162,7 @@ impl RedisServer {
     }
 
     /// What `redis-cli` prints for one command to this server.
-    async fn cli(&self, args: &[&str]) -> String {
+    pub async fn cli(&self, args: &[&str]) -> String {
         let out = tokio::process::Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .args(args)
@@ -180,7 +180,7 @@ impl Drop for RedisServer {
 }
 
 /// Two replicas' config on `url`, in front of `upstream`.
-fn replica_config(url: &str, prefix: &str, upstream: &MockUpstream) -> String {
+pub(crate) fn replica_config(url: &str, prefix: &str, upstream: &MockUpstream) -> String {
     format!(
         "[storage]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"{prefix}\"\nlease_ms = 1000\n\
          [history]\nmax_messages = 0\n\
@@ -190,7 +190,7 @@ fn replica_config(url: &str, prefix: &str, upstream: &MockUpstream) -> String {
 }
 
 /// Two replicas on the Redis at `url`, shared by the clients' tasks.
-async fn two_replicas(
+pub(crate) async fn two_replicas(
     url: &str,
     prefix: &str,
     upstream: &MockUpstream,
@@ -204,7 +204,7 @@ async fn two_replicas(
 /// Replies that take a while, so that faults land mid-turn: every other
 /// one streamed in pieces. Each reply's text is unique, so that a reply
 /// stored twice shows.
-fn slow_replies(upstream: &MockUpstream, n: usize) {
+pub(crate) fn slow_replies(upstream: &MockUpstream, n: usize) {
     for k in 0..n {
         if k % 2 == 0 {
             upstream.push(Reply::Delayed(
@@ -219,30 +219,48 @@ fn slow_replies(upstream: &MockUpstream, n: usize) {
 
 /// What one client saw.
 #[derive(Default, Debug)]
-struct Log {
-    requests: usize,
+pub(crate) struct Log {
+    pub requests: usize,
     /// Turns acknowledged, in order.
-    acked: Vec<String>,
+    pub acked: Vec<String>,
     /// Turns given up on (still refused at the deadline).
-    gave_up: Vec<String>,
+    pub gave_up: Vec<String>,
     /// Answers saying `storage_unavailable` (a 503, or a stream's error
     /// event in place of `[DONE]`).
-    told: usize,
+    pub told: usize,
     /// 409s: the session's lease still held (by a turn whose release was
     /// lost with the connection, until it lapses).
-    busy: usize,
+    pub busy: usize,
     /// Anything else: status and body.
-    other: Vec<String>,
+    pub other: Vec<String>,
     /// The longest a turn took, retries included.
-    slowest: Duration,
+    pub slowest: Duration,
+    /// Each turn: when it began, how long it took (retries included), and
+    /// how many of its answers said `storage_unavailable`.
+    pub turns: Vec<Timed>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Timed {
+    pub began: Instant,
+    pub took: Duration,
+    pub refused: usize,
 }
 
 /// One turn, sent again as an SDK would while it is refused (a 503, a
 /// 409), for up to `patience`.
-async fn turn(h: &Harness, session: &str, text: &str, stream: bool, log: &mut Log) {
+pub(crate) async fn turn(h: &Harness, session: &str, text: &str, stream: bool, log: &mut Log) {
     let patience = Duration::from_secs(25);
     let began = Instant::now();
     let mut attempt = 0u32;
+    let told_before = log.told;
+    let done = |log: &mut Log| {
+        log.turns.push(Timed {
+            began,
+            took: began.elapsed(),
+            refused: log.told - told_before,
+        });
+    };
     loop {
         log.requests += 1;
         let mut req = h
@@ -266,6 +284,7 @@ async fn turn(h: &Harness, session: &str, text: &str, stream: bool, log: &mut Lo
         if status == 200 && complete && !body.contains("\"error\"") {
             log.acked.push(text.to_owned());
             log.slowest = log.slowest.max(began.elapsed());
+            done(log);
             return;
         }
         if body.contains("storage_unavailable") {
@@ -277,6 +296,7 @@ async fn turn(h: &Harness, session: &str, text: &str, stream: bool, log: &mut Lo
         }
         if began.elapsed() > patience {
             log.gave_up.push(text.to_owned());
+            done(log);
             return;
         }
         tokio::time::sleep(ms(100)).await;
@@ -286,7 +306,7 @@ async fn turn(h: &Harness, session: &str, text: &str, stream: bool, log: &mut Lo
 /// `sessions` clients at once, each `turns` turns, alternating between
 /// the replicas; some streamed. `acks` counts acknowledged turns as they
 /// come, for the faults' timing.
-fn drive(
+pub(crate) fn drive(
     replicas: [Arc<Harness>; 2],
     prefix: &str,
     sessions: usize,
@@ -320,7 +340,7 @@ fn drive(
         .collect()
 }
 
-async fn wait_acks(acks: &AtomicUsize, n: usize) {
+pub(crate) async fn wait_acks(acks: &AtomicUsize, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while acks.load(Ordering::SeqCst) < n {
         assert!(Instant::now() < deadline, "turns stalled at {acks:?}");
@@ -329,22 +349,22 @@ async fn wait_acks(acks: &AtomicUsize, n: usize) {
 }
 
 #[derive(Debug, Default)]
-struct Figures {
-    attempted: usize,
-    requests: usize,
-    acknowledged: usize,
-    told: usize,
-    busy: usize,
-    found: usize,
-    lost: usize,
-    duplicated: usize,
+pub(crate) struct Figures {
+    pub attempted: usize,
+    pub requests: usize,
+    pub acknowledged: usize,
+    pub told: usize,
+    pub busy: usize,
+    pub found: usize,
+    pub lost: usize,
+    pub duplicated: usize,
 }
 
 /// Reads every session back on each replica and counts; checks that the
 /// replicas agree, that every acknowledged turn is followed by its whole
 /// reply, in order, and that nothing is stored that its client was not
 /// answered about.
-async fn tally(replicas: &[&Harness], logs: &[(String, Log)], turns: usize) -> Figures {
+pub(crate) async fn tally(replicas: &[&Harness], logs: &[(String, Log)], turns: usize) -> Figures {
     let mut f = Figures::default();
     for (session, log) in logs {
         f.attempted += turns;
@@ -411,7 +431,7 @@ async fn tally(replicas: &[&Harness], logs: &[(String, Log)], turns: usize) -> F
 }
 
 /// After the faults, both replicas serve a new session at once.
-async fn both_serve(a: &Harness, b: &Harness, id: &str) {
+pub(crate) async fn both_serve(a: &Harness, b: &Harness, id: &str) {
     for (name, h) in [("a", a), ("b", b)] {
         let (status, body) = h
             .chat(
@@ -590,15 +610,22 @@ async fn redis_paused_mid_turn_loses_and_duplicates_nothing() {
     assert!(slowest >= ms(1000), "the pauses held turns up");
 }
 
-/// A 6-node Redis Cluster of the test's own (3 masters, a replica each),
-/// quick to fail over (`cluster-node-timeout 1000`); killed on drop.
-struct Cluster {
-    nodes: Vec<RedisServer>,
+/// A 6-node Redis Cluster of the test's own (3 masters, a replica each,
+/// AOF on), quick to fail over (`cluster-node-timeout 1000`); killed on
+/// drop.
+pub(crate) struct Cluster {
+    pub nodes: Vec<RedisServer>,
 }
 
 impl Cluster {
-    async fn start(dir: &Path) -> Self {
+    pub async fn start(dir: &Path) -> Self {
+        Self::start_with(dir, 1000).await
+    }
+
+    /// The same with a node timeout of `node_timeout_ms`.
+    pub async fn start_with(dir: &Path, node_timeout_ms: u64) -> Self {
         let mut nodes = Vec::new();
+        let timeout = node_timeout_ms.to_string();
         for p in free_ports(7500, 6) {
             let args = [
                 "--cluster-enabled",
@@ -606,9 +633,9 @@ impl Cluster {
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-node-timeout",
-                "1000",
+                &timeout,
                 "--appendonly",
-                "no",
+                "yes",
                 "--save",
                 "",
             ];
@@ -633,7 +660,7 @@ impl Cluster {
     }
 
     /// Every node sees the cluster ok, every replica is linked to its master.
-    async fn wait_ready(&self) {
+    pub async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let mut ready = true;
@@ -651,18 +678,30 @@ impl Cluster {
         }
     }
 
-    fn url(&self) -> String {
+    pub fn url(&self) -> String {
         let addrs: Vec<String> = self.nodes.iter().map(RedisServer::addr).collect();
         format!("redis+cluster://{}", addrs.join(","))
     }
 
-    fn node(&self, port: u16) -> &RedisServer {
+    pub fn node(&self, port: u16) -> &RedisServer {
         self.nodes.iter().find(|n| n.port == port).unwrap()
     }
 
     /// The ports of the master serving session `id`'s keys and of its
     /// replica, from `CLUSTER NODES`.
-    async fn master_and_replica(&self, id: &str) -> (u16, Option<u16>) {
+    pub async fn master_and_replica(&self, id: &str) -> (u16, Option<u16>) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(found) = self.try_master_and_replica(id).await {
+                return found;
+            }
+            // Mid-failover a node's table may name no master for a slot.
+            assert!(Instant::now() < deadline, "no master for {id}'s slot");
+            tokio::time::sleep(ms(20)).await;
+        }
+    }
+
+    async fn try_master_and_replica(&self, id: &str) -> Option<(u16, Option<u16>)> {
         let n = self.nodes.iter().find(|n| n.child.is_some()).unwrap();
         let slot: u32 = n
             .cli(&["CLUSTER", "KEYSLOT", &format!("{{{id}}}")])
@@ -696,12 +735,11 @@ impl Cluster {
         };
         let master = rows
             .iter()
-            .find(|r| r[2].contains("master") && r[8..].iter().any(serves))
-            .unwrap_or_else(|| panic!("no master for slot {slot}: {table}"));
+            .find(|r| r[2].contains("master") && r[8..].iter().any(serves))?;
         let replica = rows
             .iter()
             .find(|r| r[2].contains("slave") && r[3] == master[0]);
-        (port(master), replica.map(port))
+        Some((port(master), replica.map(port)))
     }
 }
 

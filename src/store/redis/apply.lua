@@ -7,14 +7,20 @@
 -- ARGV[3]: a reason to refuse the whole ('' to go ahead);
 -- ARGV[4]: how many batches change the session's data (its version moves
 --          by that much), ARGV[5]: how many add late fields;
+-- ARGV[6]: the write id the meta must hold with that version ('' for no
+--          check), ARGV[7]: this write's id, kept when the version moves;
 -- then the ops, each a name and its arguments.
--- Answers {version, late} as the meta then holds them.
+-- Answers {version, late, write id} as the meta then holds them.
+
+-- The write id makes the fence unique: after a failover that lost a
+-- write, another replica's next write brings the version back to the
+-- number the lost one had, and only the id tells the two apart.
 local meta, msgs, late = KEYS[1], KEYS[2], KEYS[3]
 local arity = {save = 8, touch = 4, push = 2, set = 2, late = 2, drop = 2, clear = 0, delete = 0}
 
 local function counters()
-  local v = redis.call('HMGET', meta, 'version', 'late')
-  return {tonumber(v[1] or '0'), tonumber(v[2] or '0')}
+  local v = redis.call('HMGET', meta, 'version', 'late', 'wid')
+  return {tonumber(v[1] or '0'), tonumber(v[2] or '0'), v[3] or ''}
 end
 
 if ARGV[3] ~= '' then
@@ -22,7 +28,7 @@ if ARGV[3] ~= '' then
 end
 -- Checked whole before anything is written: a script stopped halfway
 -- would leave half its writes.
-local i = 6
+local i = 8
 while i <= #ARGV do
   local n = arity[ARGV[i]]
   if n == nil or i + n > #ARGV then
@@ -31,11 +37,16 @@ while i <= #ARGV do
   i = i + 1 + n
 end
 if ARGV[1] ~= '' then
-  local stored = redis.call('HMGET', meta, 'version', 'created_ms')
+  local stored = redis.call('HMGET', meta, 'version', 'created_ms', 'wid')
   local now = tonumber(stored[1] or '0')
   if now ~= tonumber(ARGV[1]) then
     return redis.error_reply('STALE the session is at version ' .. now
       .. ', this replica read ' .. ARGV[1] .. ': another replica changed it')
+  end
+  if ARGV[6] ~= '' and (stored[3] or '') ~= ARGV[6] then
+    return redis.error_reply('STALE the session is at version ' .. now
+      .. ' by another write than the one this replica made or read'
+      .. ' (a write lost in a failover): another replica changed it')
   end
   if now ~= 0 and stored[2] ~= ARGV[2] then
     return redis.error_reply('STALE the session was ended and started anew'
@@ -43,7 +54,7 @@ if ARGV[1] ~= '' then
   end
 end
 
-i = 6
+i = 8
 while i <= #ARGV do
   local op, a, b = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if op == 'save' then
@@ -81,6 +92,7 @@ end
 if redis.call('EXISTS', meta) == 1 then
   if ARGV[4] ~= '0' then
     redis.call('HINCRBY', meta, 'version', ARGV[4])
+    redis.call('HSET', meta, 'wid', ARGV[7])
   end
   if ARGV[5] ~= '0' then
     redis.call('HINCRBY', meta, 'late', ARGV[5])

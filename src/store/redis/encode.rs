@@ -7,9 +7,11 @@
 //! lease lapsed while it worked cannot overwrite the turns of the replica
 //! that took the session over.
 
+use dashmap::DashMap;
 use redis::{Cmd, Pipeline};
 
 use super::keys::{bucket, Keys};
+use super::Stamp;
 use crate::memory::message::Message;
 use crate::store::{Batch, Faults, Fences, Op, StorageError};
 
@@ -22,20 +24,26 @@ pub(super) const APPLY: &str = include_str!("apply.lua");
 pub(super) struct Unit {
     pub session: Option<String>,
     pub batches: Vec<usize>,
-    /// Index additions, sent before the script.
+    /// Kept events and notes, sent before the script.
     pub pre: Vec<Cmd>,
     /// The script call (none for a unit without a session) and, after it,
     /// the releases of the session's leases.
     pub tx: Option<Pipeline>,
+    /// Index additions: before the script on one Redis, beside it on a
+    /// cluster (`writer.rs`).
+    pub aside: Vec<Cmd>,
     /// The version the script expects (`Op::Expect`), by how much its
     /// batches move it, and its count of late updates.
     pub expect: Option<u64>,
     pub bumps: u64,
     pub lates: u64,
+    /// This unit's write id, kept in the meta when the version moves.
+    pub wid: u64,
     /// Whether it leaves the session deleted, and the users whose sets
     /// then no longer name it: removals sent after the script.
     pub deleted: bool,
     pub deleted_users: Vec<String>,
+    /// Why it was not stored, naming the node.
     pub failed: Option<String>,
 }
 
@@ -54,11 +62,12 @@ struct Script {
 /// Encodes a unit's batches: its index additions and its script.
 pub(super) fn encode(
     keys: &Keys,
+    known: &DashMap<String, Stamp>,
     fences: &Fences,
     faults: &Faults,
     unit: &mut Unit,
     batches: &[Batch],
-    results: &mut [Result<(), String>],
+    results: &mut [crate::store::Outcome],
 ) {
     // A fenced session's batches are refused up to one that lifts the
     // fence; the rest go in its script.
@@ -83,9 +92,9 @@ pub(super) fn encode(
     let mut script = Script::default();
     for i in unit.batches.clone() {
         let b = &batches[i];
-        let mut pre = Vec::new();
+        let (mut pre, mut index) = (Vec::new(), Vec::new());
         for op in &b.ops {
-            if let Err(e) = queue(&mut script, &mut pre, unit, keys, op) {
+            if let Err(e) = queue(&mut script, &mut pre, &mut index, unit, keys, op) {
                 // Not half a batch: the whole unit is refused.
                 tracing::error!(error = %e, "a change could not be encoded");
                 script.refuse.get_or_insert_with(|| format!("{e}"));
@@ -104,11 +113,21 @@ pub(super) fn encode(
             continue;
         }
         unit.pre.extend(pre);
+        unit.aside.extend(index);
     }
     let Some(id) = unit.session.as_deref() else {
         // A webhook event's batch: single-key commands only.
         return;
     };
+    // The write that set the version this unit expects, when this replica
+    // made or read that very version: a lost write and another replica's
+    // reach the same number, not the same id.
+    let expect_wid = script.expect.and_then(|(version, _)| {
+        known
+            .get(id)
+            .filter(|k| k.version == version && k.wid != 0)
+            .map(|k| k.wid)
+    });
     let mut call = redis::cmd("EVAL");
     call.arg(APPLY)
         .arg(3)
@@ -130,6 +149,8 @@ pub(super) fn encode(
         .arg(script.refuse.unwrap_or_default())
         .arg(script.bumps)
         .arg(script.lates)
+        .arg(expect_wid.map(|w| w.to_string()).unwrap_or_default())
+        .arg(unit.wid)
         .arg(script.args);
     unit.expect = script.expect.map(|(version, _)| version);
     unit.bumps = script.bumps;
@@ -139,21 +160,26 @@ pub(super) fn encode(
     unit.tx = Some(tx);
 }
 
-/// Queues one op: the session's own writes in the script, index
-/// additions in `pre`, removals noted on the unit.
+/// Queues one op: the session's own writes in the script, kept events
+/// and notes in `pre`, index additions in `index`, removals noted on the
+/// unit.
 fn queue(
     s: &mut Script,
     pre: &mut Vec<Cmd>,
+    index: &mut Vec<Cmd>,
     unit: &mut Unit,
     keys: &Keys,
     op: &Op,
 ) -> Result<(), StorageError> {
-    let indexed = |pre: &mut Vec<Cmd>, id: &str, last_active_ms: i64| {
+    let indexed = |index: &mut Vec<Cmd>, id: &str, last_active_ms: i64| {
         let b = bucket(id);
-        pre.push(redis::cmd("ZADD").arg(keys.ids(b)).arg(0).arg(id).clone());
-        pre.push(
+        index.push(redis::cmd("ZADD").arg(keys.ids(b)).arg(0).arg(id).clone());
+        // GT: an addition tried again late never moves a session's
+        // activity back.
+        index.push(
             redis::cmd("ZADD")
                 .arg(keys.active(b))
+                .arg("GT")
                 .arg(last_active_ms)
                 .arg(id)
                 .clone(),
@@ -190,9 +216,9 @@ fn queue(
                     serde_json::to_string(&meta.remembered).unwrap_or_else(|_| "{}".into()),
                 ],
             );
-            indexed(pre, id, meta.last_active_ms);
+            indexed(index, id, meta.last_active_ms);
             for user in &meta.users {
-                pre.push(redis::cmd("SADD").arg(keys.user(user)).arg(id).clone());
+                index.push(redis::cmd("SADD").arg(keys.user(user)).arg(id).clone());
             }
             unit.deleted = false;
             unit.deleted_users.retain(|u| !meta.users.contains(u));
@@ -213,7 +239,7 @@ fn queue(
                     first_seq.to_string(),
                 ],
             );
-            indexed(pre, id, *last_active_ms);
+            indexed(index, id, *last_active_ms);
             unit.deleted = false;
         }
         Op::Push { seq, message, .. } => put("push", &[seq.to_string(), to_json(message)?]),

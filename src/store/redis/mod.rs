@@ -53,11 +53,12 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use futures_util::StreamExt;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use self::conn::Conn;
+use self::conn::{Conn, Pool};
 use self::keys::Keys;
 use super::{Batch, Faults, Fences, Op, StorageError, Ticket};
 use crate::config::{RedisTarget, StorageConfig};
@@ -68,12 +69,15 @@ const CLAIM_POLL: Duration = Duration::from_millis(10);
 const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 const RENEW: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
 
-/// What a replica last saw of a session in Redis: its `version` and its
-/// count of `late` updates. Either moved by another replica means the
-/// local copy is stale.
+/// What a replica last saw of a session in Redis: its `version`, the id
+/// of the write that set it (`wid`, 0 for none), and its count of `late`
+/// updates. Any of them moved by another replica means the local copy is
+/// stale; the write id tells apart two writes that brought the version to
+/// the same number (one of them lost in a failover, `apply.lua`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Stamp {
     pub version: u64,
+    pub wid: u64,
     pub late: u64,
 }
 
@@ -83,7 +87,7 @@ pub type OnInterrupt = Box<dyn Fn(&str) + Send + Sync>;
 
 pub struct Redis {
     keys: Keys,
-    conn: Conn,
+    pool: Pool,
     tx: mpsc::UnboundedSender<Batch>,
     /// Each session as this replica last read or wrote it; a different
     /// stamp in Redis means another replica changed it.
@@ -154,7 +158,11 @@ impl Drop for Lease {
                 token: std::mem::take(&mut self.token),
             }];
             // A writer that has stopped has nothing left to release into.
-            let _ = tx.send(Batch { ops, done: None });
+            let _ = tx.send(Batch {
+                ops,
+                done: None,
+                after: None,
+            });
         }
     }
 }
@@ -171,9 +179,22 @@ pub enum Wait {
 }
 
 impl Redis {
-    pub async fn open(config: &StorageConfig, writes: Histogram) -> Result<Self, StorageError> {
+    pub async fn open(
+        config: &StorageConfig,
+        writes: Histogram,
+        not_replicated: Counter,
+    ) -> Result<Self, StorageError> {
         let target = config.redis_target().map_err(StorageError::Failed)?;
-        let conn = Conn::open(&target).await?;
+        let timeout = Duration::from_millis(config.timeout_ms);
+        let pool = Pool::open(&target, timeout).await?;
+        // The writer's own connections: a `WAIT` holds up every command
+        // behind it on its connection, and reads must not queue behind it.
+        let write_pool = Pool::open(&target, timeout).await?;
+        let min_replicas = match (config.min_replicas, pool.is_cluster()) {
+            (Some(n), _) => writer::Replicas::Exactly(n),
+            (None, true) => writer::Replicas::OneIfAny,
+            (None, false) => writer::Replicas::Exactly(pool.replicas().await?.min(1)),
+        };
         let keys = Keys::new(&config.key_prefix);
         let known = Arc::new(DashMap::new());
         let (tx, rx) = mpsc::unbounded_channel();
@@ -181,10 +202,14 @@ impl Redis {
         let faults: Arc<Faults> = Arc::default();
         tokio::spawn(writer::write_loop(
             writer::Writer {
-                conn: conn.clone(),
+                pool: write_pool,
                 keys: keys.clone(),
                 known: Arc::clone(&known),
+                next_wid: AtomicU64::new(ring_random() | 1),
+                min_replicas,
+                replica_ack_timeout_ms: config.replica_ack_timeout_ms,
                 writes,
+                not_replicated,
                 fences: Arc::clone(&fences),
                 faults: Arc::clone(&faults),
             },
@@ -205,10 +230,10 @@ impl Redis {
             Arc::clone(&holding),
         ));
         let replica = format!("{:x}", ring_random());
-        tracing::info!(%replica, prefix = %config.key_prefix, cluster = matches!(conn, Conn::Cluster(_)), "redis storage open");
+        tracing::info!(%replica, prefix = %config.key_prefix, cluster = pool.is_cluster(), ?min_replicas, "redis storage open");
         Ok(Self {
             keys,
-            conn,
+            pool,
             tx,
             known,
             lease_ms: config.lease_ms,
@@ -226,12 +251,24 @@ impl Redis {
     }
 
     pub fn submit(&self, ops: Vec<Op>) -> Ticket {
+        self.send(ops, None)
+    }
+
+    /// Resolves once the writes queued before it for `key` (a session's id,
+    /// or a user's note key) are settled, whatever other nodes' writes are
+    /// still waiting for.
+    pub fn flush_of(&self, key: String) -> Ticket {
+        self.send(Vec::new(), Some(key))
+    }
+
+    fn send(&self, ops: Vec<Op>, after: Option<String>) -> Ticket {
         let (done, rx) = oneshot::channel();
         if self
             .tx
             .send(Batch {
                 ops,
                 done: Some(done),
+                after,
             })
             .is_err()
         {
@@ -257,7 +294,7 @@ impl Redis {
             _ => Duration::from_millis(self.lease_ms) + Duration::from_secs(1),
         };
         let deadline = tokio::time::Instant::now() + patience;
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&key);
         let mut asked_at: Option<tokio::time::Instant> = None;
         loop {
             let taken: Option<String> = redis::cmd("SET")
@@ -267,7 +304,8 @@ impl Redis {
                 .arg("PX")
                 .arg(self.lease_ms)
                 .query_async(&mut conn)
-                .await?;
+                .await
+                .map_err(|e| self.pool.error_at(&key, e))?;
             if taken.is_some() {
                 let release = Some(self.tx.clone());
                 return Ok(Some(self.held(conn, key, id, token, release)));
@@ -301,15 +339,18 @@ impl Redis {
         let Some(known) = self.known.get(id).map(|v| *v) else {
             return Ok(false);
         };
-        let mut conn = self.conn.clone();
-        let (version, late): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        let mut conn = self.pool.at(&self.keys.meta(id));
+        let (version, wid, late): (Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
             .arg(self.keys.meta(id))
             .arg("version")
+            .arg("wid")
             .arg("late")
             .query_async(&mut conn)
-            .await?;
+            .await
+            .map_err(|e| self.pool.error_at(&self.keys.meta(id), e))?;
         let now = Stamp {
             version: version.unwrap_or(0),
+            wid: wid.unwrap_or(0),
             late: late.unwrap_or(0),
         };
         Ok(version.is_some() && now == known)
@@ -326,7 +367,7 @@ impl Redis {
             self.replica,
             self.next_token.fetch_add(1, Ordering::Relaxed)
         );
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&key);
         let (taken, ttl): (Option<String>, i64) = redis::pipe()
             .cmd("SET")
             .arg(&key)
@@ -383,7 +424,7 @@ impl Redis {
 
     /// Gives up a kept event's claim, if this replica still holds it.
     pub async fn release_event(&self, lease: Lease) -> Result<(), StorageError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.event_claim(&lease.id));
         let _: i64 = redis::Script::new(RELEASE)
             .key(self.keys.event_claim(&lease.id))
             .arg(&lease.token)

@@ -14,7 +14,7 @@ use crate::store::{Listed, Loaded, Meta, StorageError};
 
 impl Redis {
     pub async fn load(&self, id: &str) -> Result<Option<Loaded>, StorageError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.meta(id));
         type Hash<K> = HashMap<K, String>;
         let (meta, messages, mut late): (Hash<String>, Hash<u64>, Hash<u64>) = redis::pipe()
             .atomic()
@@ -25,13 +25,15 @@ impl Redis {
             .cmd("HGETALL")
             .arg(self.keys.late(id))
             .query_async(&mut conn)
-            .await?;
+            .await
+            .map_err(|e| self.pool.error_at(&self.keys.meta(id), e))?;
         if !meta.contains_key("created_ms") {
             self.known.remove(id);
             return Ok(None);
         }
         let stamp = Stamp {
             version: field(&meta, "version").unwrap_or(0),
+            wid: field(&meta, "wid").unwrap_or(0),
             late: field(&meta, "late").unwrap_or(0),
         };
         let meta = parse_meta(&meta)?;
@@ -71,7 +73,7 @@ impl Redis {
             })
             .collect();
         let mut out = Vec::with_capacity(pipes.len());
-        for answer in self.conn.run(&pipes).await {
+        for answer in self.pool.run(&pipes).await {
             match answer?.pop() {
                 Some(Value::ServerError(e)) => {
                     return Err(StorageError::Failed(format!("redis: {e:?}")))
@@ -91,7 +93,7 @@ impl Redis {
     ) -> Result<Vec<Listed>, StorageError> {
         let mut ids: Vec<String> = match user {
             Some(user) => {
-                let mut conn = self.conn.clone();
+                let mut conn = self.pool.at(&self.keys.user(user));
                 redis::cmd("SMEMBERS")
                     .arg(self.keys.user(user))
                     .query_async(&mut conn)
@@ -136,7 +138,7 @@ impl Redis {
                 p
             })
             .collect();
-        let answers = self.conn.run(&pipes).await;
+        let answers = self.pool.run(&pipes).await;
         let mut out = Vec::with_capacity(ids.len());
         for (id, answer) in ids.into_iter().zip(answers) {
             let pair = answer?;
@@ -173,8 +175,13 @@ impl Redis {
     }
 
     /// A user's carried note, as stored.
+    /// The key a user's note is written under (its writes' flush key).
+    pub fn note_key(&self, user: &str) -> String {
+        self.keys.note(user)
+    }
+
     pub async fn note(&self, user: &str) -> Result<Option<String>, StorageError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.note(user));
         Ok(redis::cmd("GET")
             .arg(self.keys.note(user))
             .query_async(&mut conn)
@@ -183,7 +190,7 @@ impl Redis {
 
     /// One kept event's body, if it is still kept.
     pub async fn kept_event(&self, id: &str) -> Result<Option<String>, StorageError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.undelivered(bucket(id)));
         Ok(redis::cmd("HGET")
             .arg(self.keys.undelivered(bucket(id)))
             .arg(id)
@@ -244,7 +251,7 @@ impl Redis {
                 p
             })
             .collect();
-        let answers = self.conn.run(&pipes).await;
+        let answers = self.pool.run(&pipes).await;
         let mut stale = Vec::new();
         let mut live = Vec::with_capacity(ids.len());
         for (id, answer) in ids.into_iter().zip(answers) {
@@ -263,7 +270,7 @@ impl Redis {
                 p
             })
             .collect();
-        for answer in self.conn.run(&drops).await {
+        for answer in self.pool.run(&drops).await {
             if let Err(e) = answer {
                 tracing::warn!(error = %e, "could not drop a stale id from an index");
             }

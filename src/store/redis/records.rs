@@ -72,7 +72,7 @@ static RECALLED: LazyLock<Script> = LazyLock::new(|| {
 impl Redis {
     /// The user's records' version: one small round trip.
     pub(crate) async fn records_version(&self, user: &str) -> Result<u64, StorageError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.records(user));
         let v: Value = redis::cmd("HGET")
             .arg(self.keys.records_version(user))
             .arg("version")
@@ -84,7 +84,7 @@ impl Redis {
     /// All the user's records, their version and `forgotten_at`, read at
     /// one moment.
     pub(crate) async fn records_load(&self, user: &str) -> Result<Held, StorageError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.records(user));
         let (bodies, blobs, version, forgotten_at): (Value, Value, Value, Value) = redis::pipe()
             .atomic()
             .cmd("HGETALL")
@@ -135,7 +135,7 @@ impl Redis {
         for r in put {
             call.arg(&r.id).arg(body(r)?).arg(to_blob(&r.embedding));
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.records(user));
         let done: i64 = call.invoke_async(&mut conn).await?;
         Ok(done == 1)
     }
@@ -149,7 +149,7 @@ impl Redis {
         let mut call = DELETE.prepare_invoke();
         self.user_keys(&mut call, user);
         call.arg(id);
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.records(user));
         let version: Value = call.invoke_async(&mut conn).await?;
         Ok(Some(number(user, &version)?).filter(|&v| v > 0))
     }
@@ -163,7 +163,7 @@ impl Redis {
         let mut call = FORGET.prepare_invoke();
         self.user_keys(&mut call, user);
         call.arg(at_ms);
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.records(user));
         let answer: Value = call.invoke_async(&mut conn).await?;
         decode(&answer)
     }
@@ -178,7 +178,7 @@ impl Redis {
         at_ms: i64,
     ) -> Result<(), StorageError> {
         let key = self.keys.records(user);
-        let mut conn = self.conn.clone();
+        let mut conn = self.pool.at(&self.keys.records(user));
         let bodies: Value = redis::cmd("HMGET")
             .arg(&key)
             .arg(ids)

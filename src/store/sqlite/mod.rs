@@ -135,6 +135,7 @@ impl Sqlite {
         let batch = Batch {
             ops,
             done: Some(done),
+            after: None,
         };
         if self.tx.send(batch).is_err() {
             tracing::error!("sqlite writer has stopped; a change was not stored");

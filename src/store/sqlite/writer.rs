@@ -111,8 +111,10 @@ pub(super) fn apply_round(
     conn: &mut Connection,
     batches: &[Batch],
     w: &Writer,
-) -> Vec<Result<(), String>> {
-    let all_fail = |e: &dyn std::fmt::Display| vec![Err(e.to_string()); batches.len()];
+) -> Vec<crate::store::Outcome> {
+    let all_fail = |e: &dyn std::fmt::Display| {
+        vec![Err(format!("the SQLite store failed the write ({e})").into()); batches.len()]
+    };
     let tx = match conn.transaction() {
         Ok(tx) => tx,
         Err(e) => {
@@ -140,7 +142,8 @@ pub(super) fn apply_round(
             }
         }
         // Later batches of a session whose batch failed are refused.
-        let applied = applied.map_err(|e| e.to_string());
+        let applied =
+            applied.map_err(|e| format!("the SQLite store failed the write ({e})").into());
         w.fences.settled(b, &applied);
         results.push(applied);
     }
