@@ -98,6 +98,10 @@ async fn end_when(
     };
     let _ = claim.map(|c| storage.release(c));
     app.sessions.remove(&session);
+    // Announced, carried over and remembered only once storage has
+    // forgotten it: a refused delete leaves the session stored (it is read
+    // back on its next request), and ending it again announces it once.
+    ticket.durable().await?;
     app.metrics.session_ended();
     let event = event_of(&ended);
     carry_over(app, &ended, session.created_ms);
@@ -107,7 +111,6 @@ async fn end_when(
     tracing::info!(session = %session.id, ?reason, "session ended");
     app.notifier
         .notify_kept(event.clone(), keep.then_some(kept_id));
-    ticket.durable().await?;
     Ok(Some(event))
 }
 

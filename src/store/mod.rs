@@ -17,7 +17,7 @@ pub mod redis;
 mod round;
 pub mod sqlite;
 
-pub use notes::Notes;
+pub use notes::{note_changed, Notes};
 pub use op::{Listed, Loaded, Meta, Op};
 pub use records::{Held, Records};
 pub(crate) use round::{gather, settle, Batch, Faults, Fences};

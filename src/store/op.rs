@@ -100,7 +100,14 @@ pub enum Op {
     ForgetEvent { id: String },
     /// Stores a user's carried note (`Note` as JSON, a deleted one too)
     /// under its key.
-    SaveNote { user: String, body: String },
+    SaveNote {
+        user: String,
+        body: String,
+        /// Compare-and-set: the note's body as read before (`""` for none);
+        /// another body stored meanwhile refuses the write. `None` writes
+        /// whatever is there (the memory API's own writes).
+        expect: Option<String>,
+    },
     /// The session's data must be at `version` (shared storage only): the
     /// version it was read at, plus one for each batch of this replica's
     /// since. Found otherwise, another replica changed the session (this

@@ -54,6 +54,13 @@ impl Ticket {
         Ticket(Vec::new())
     }
 
+    /// Already refused, for `why`.
+    pub(crate) fn failed(why: &str) -> Self {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Err(why.into()));
+        Ticket(vec![rx])
+    }
+
     pub(crate) fn pending(rx: oneshot::Receiver<Outcome>) -> Self {
         Ticket(vec![rx])
     }

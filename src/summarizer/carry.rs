@@ -93,21 +93,24 @@ async fn carry(summarizer: &Summarizer, keep: &Keep, left: &Leftover) -> Result<
         let text = summarizer
             .note(before.as_ref().and_then(Note::text), &summary)
             .await?;
-        // Read again just before the write: a delete, or another session's
-        // carry-over, during the model's call is not written over.
-        if keep.notes.get(&keep.storage, &left.user).await? != before {
-            continue;
-        }
         let note = Note {
             text,
             model: summarizer.model_name().to_owned(),
             at_ms: keep.clock.now_ms(),
             forgotten: false,
         };
-        keep.notes
-            .put(&keep.storage, &left.user, &note)
+        // Written only over the note it was folded from: a delete, or
+        // another session's carry-over, since (on any replica) is not
+        // written over; the fold is done again on what is there now.
+        let written = keep
+            .notes
+            .put_if(&keep.storage, &left.user, &note, before.as_ref())?
             .durable()
-            .await?;
+            .await;
+        match written {
+            Err(e) if crate::store::note_changed(&e) => continue,
+            other => other?,
+        }
         summarizer
             .metrics()
             .memory

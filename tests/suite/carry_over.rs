@@ -298,3 +298,56 @@ async fn notes_are_bounded_by_max_tokens() {
         assert!(notes[0].get("response_format").is_none());
     }
 }
+
+/// A user's note is written by compare-and-set on every backend: of two
+/// carry-overs that read the same note (two sessions of the user ending
+/// at once, on one replica or two), the second's write is refused, and so
+/// is one over a note deleted since; that carry-over folds again on what
+/// is there now.
+#[tokio::test]
+async fn a_note_is_written_only_over_the_note_it_was_folded_from() {
+    use recall::memory::summary::Note;
+    let h = harness("").await;
+    let (notes, storage) = (&h.app.notes, &h.app.policy.storage);
+    let note = |text: &str| Note {
+        text: text.into(),
+        model: "m".into(),
+        at_ms: 1,
+        forgotten: false,
+    };
+    let first = note("first");
+    notes
+        .put_if(storage, "cas", &first, None)
+        .unwrap()
+        .durable()
+        .await
+        .unwrap();
+    // Both read `first`; one writes, then the other.
+    let read = notes.get(storage, "cas").await.unwrap();
+    assert_eq!(read.as_ref(), Some(&first));
+    let a = notes
+        .put_if(storage, "cas", &note("a"), read.as_ref())
+        .unwrap();
+    a.durable().await.unwrap();
+    let b = notes
+        .put_if(storage, "cas", &note("b"), read.as_ref())
+        .unwrap();
+    let refused = b.durable().await.expect_err("written over a's note");
+    assert!(recall::store::note_changed(&refused), "{refused}");
+    assert_eq!(notes.get(storage, "cas").await.unwrap(), Some(note("a")));
+    // A note that did not exist when read, and does now.
+    let c = notes.put_if(storage, "cas", &note("c"), None).unwrap();
+    assert!(recall::store::note_changed(&c.durable().await.unwrap_err()));
+    // A delete (the memory API writes unconditionally) since the read.
+    let read = notes.get(storage, "cas").await.unwrap();
+    let gone = Note {
+        forgotten: true,
+        ..note("")
+    };
+    notes.put(storage, "cas", &gone).durable().await.unwrap();
+    let d = notes
+        .put_if(storage, "cas", &note("d"), read.as_ref())
+        .unwrap();
+    assert!(recall::store::note_changed(&d.durable().await.unwrap_err()));
+    assert_eq!(notes.get(storage, "cas").await.unwrap(), Some(gone));
+}

@@ -679,3 +679,58 @@ async fn a_write_its_replica_did_not_take_is_refused_honestly() {
         .collect();
     assert_eq!(users, ["user: before the cut", "user: during the cut"]);
 }
+
+/// Writes send the script's SHA (`EVALSHA`), not its body; a node that
+/// lost it (`SCRIPT FLUSH`, as a restart or a promoted replica would) gets
+/// it again, and the turn goes through whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_send_the_scripts_sha_and_load_it_where_it_is_missing() {
+    if !enabled("writes_send_the_scripts_sha") {
+        return;
+    }
+    let scratch = Scratch::new("sha");
+    let port = crate::redis_faults::free_ports(6600, 1)[0];
+    let server = crate::redis_faults::RedisServer::start(
+        port,
+        &scratch.0,
+        &["--save", "", "--appendonly", "no"],
+    )
+    .await;
+    let upstream = MockUpstream::start().await;
+    let toml = replica_config(&server.url(), "sha", &upstream);
+    let h = Harness::with_config(&toml, upstream.clone()).await;
+    for t in 0..10 {
+        h.say("sha-0", &format!("turn {t}")).await;
+    }
+    let calls = |stats: &str, cmd: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let stats = server.cli(&["INFO", "commandstats"]).await;
+    let (evalsha, eval) = (calls(&stats, "evalsha"), calls(&stats, "eval"));
+    let input: u64 = server
+        .cli(&["INFO", "stats"])
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix("total_net_input_bytes:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    eprintln!(
+        "10 turns: {evalsha} EVALSHA, {eval} EVAL (lease releases), {input} bytes sent to Redis"
+    );
+    assert!(evalsha >= 20, "each turn's writes by SHA: {stats}");
+    assert_eq!(server.cli(&["SCRIPT", "FLUSH"]).await.trim(), "OK");
+    h.say("sha-0", "after the flush").await;
+    let said: Vec<String> = h
+        .transcript("sha-0")
+        .await
+        .into_iter()
+        .filter(|l| l.starts_with("user: "))
+        .collect();
+    assert_eq!(said.len(), 11);
+    assert_eq!(said[10], "user: after the flush");
+}

@@ -402,3 +402,65 @@ async fn a_tool_loop_stores_its_last_activity_every_turn() {
         "storage_faults tool_loop: 5 tool turns, stored last activity moved every turn: {stored:?}"
     );
 }
+
+/// A session whose deletion storage refuses has not ended: nothing of it
+/// is announced (`session_ended`) or carried into its user's note, and it
+/// is still there; ending it again does both, once.
+#[tokio::test]
+async fn a_refused_delete_announces_and_carries_over_nothing() {
+    let b = backend("refused-delete");
+    let upstream = MockUpstream::start().await;
+    let hook = WebhookReceiver::start(0).await;
+    let config = format!(
+        "[webhook]\nurl = \"{}\"\nretry_backoff_ms = 20\n\
+         [memory]\nsummarize = true\ncarry_over = true\nsummary_model = \"{SUMMARIZER}\"\n",
+        hook.url
+    );
+    let h = b.start(&upstream, &config).await;
+    say_as(&h, None, "ada", "ending", "My name is Ada").await;
+    faults(&h).fail_batches(
+        1,
+        |op| matches!(op, Op::Delete { id, .. } if id == "ending"),
+    );
+    let end = || async {
+        h.client
+            .delete(format!("{}/v1/sessions/ending", h.url))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let note = || async {
+        let r = h
+            .client
+            .get(format!("{}/v1/users/ada/memory", h.url))
+            .send()
+            .await
+            .unwrap();
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        v["note"].as_str().unwrap_or_default().to_owned()
+    };
+    assert_eq!(end().await, 503);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (heard, noted) = (hook.events().len(), note().await);
+    assert_eq!(heard, 0, "an end storage refused was announced");
+    assert_eq!(noted, "", "an end storage refused was carried over");
+    let (status, _) = h.history("ending").await;
+    assert_eq!(status, 200, "the session is still stored");
+
+    assert_eq!(end().await, 200);
+    hook.wait_for(Duration::from_secs(5), |e| e["session_id"] == "ending")
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while note().await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no carry-over after the end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(hook.events().len(), 1, "announced once");
+    eprintln!("a refused delete: 503, {heard} events, note {noted:?}; then 200, 1 event, a note");
+}

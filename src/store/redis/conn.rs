@@ -185,6 +185,14 @@ impl Pool {
         }
     }
 
+    /// Loads a script into every node's cache (a cluster sends `SCRIPT
+    /// LOAD` to all its nodes; a node that does not answer is skipped).
+    pub async fn load_script(&self, body: &str) -> Result<(), redis::RedisError> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(body);
+        load.query_async::<Value>(&mut self.any()).await.map(drop)
+    }
+
     /// Runs each pipeline and returns each one's answers, in order. With
     /// one Redis they go as one pipeline (one round trip, in order); with a
     /// cluster each goes to its own slot's lane, all at once, since a
@@ -405,7 +413,10 @@ fn first_key(cmd: &Cmd) -> Option<&[u8]> {
     let name = args.next()?;
     if name.eq_ignore_ascii_case(b"EVAL") || name.eq_ignore_ascii_case(b"EVALSHA") {
         args.nth(2)
-    } else if name.eq_ignore_ascii_case(b"WAIT") || name.eq_ignore_ascii_case(b"CLUSTER") {
+    } else if [&b"WAIT"[..], b"CLUSTER", b"SCRIPT"]
+        .iter()
+        .any(|n| name.eq_ignore_ascii_case(n))
+    {
         None
     } else {
         args.next()
@@ -463,6 +474,10 @@ mod tests {
         zadd.arg("P:{b1}:ids").arg(0).arg("s");
         assert_eq!(first_key(&zadd), Some(&b"P:{b1}:ids"[..]));
         assert_eq!(first_key(redis::cmd("WAIT").arg(1).arg(10)), None);
+        assert_eq!(
+            first_key(redis::cmd("SCRIPT").arg("LOAD").arg("return 1")),
+            None
+        );
     }
 
     #[test]

@@ -18,6 +18,18 @@ use crate::store::{Batch, Faults, Fences, Op, StorageError};
 /// The script every session write runs (see its header for arguments).
 pub(super) const APPLY: &str = include_str!("apply.lua");
 
+/// A note's compare-and-set: written only over the body it was folded
+/// from (`''` for none).
+const NOTE_CAS: &str = "if (redis.call('GET', KEYS[1]) or '') ~= ARGV[2] then \
+    return redis.error_reply('CHANGED the note changed since it was read') end \
+    redis.call('SET', KEYS[1], ARGV[1]) return 1";
+
+/// `APPLY`'s SHA1: writes send it in place of the script's body.
+fn apply_sha() -> &'static str {
+    static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SHA.get_or_init(|| redis::Script::new(APPLY).get_hash().to_owned())
+}
+
 /// One session's part of a round: the batches of one session (or one
 /// batch that changes no session, a webhook event's), in order.
 #[derive(Default)]
@@ -60,15 +72,30 @@ struct Script {
 }
 
 /// Encodes a unit's batches: its index additions and its script.
+/// What encoding a round's units reads.
+pub(super) struct Context<'a> {
+    pub keys: &'a Keys,
+    pub known: &'a DashMap<String, Stamp>,
+    pub fences: &'a Fences,
+    pub faults: &'a Faults,
+    /// Sends the script's body (`EVAL`) rather than its SHA, to a node
+    /// that did not have it.
+    pub by_body: bool,
+}
+
 pub(super) fn encode(
-    keys: &Keys,
-    known: &DashMap<String, Stamp>,
-    fences: &Fences,
-    faults: &Faults,
+    cx: &Context<'_>,
     unit: &mut Unit,
-    batches: &[Batch],
+    batches: &[&Batch],
     results: &mut [crate::store::Outcome],
 ) {
+    let Context {
+        keys,
+        known,
+        fences,
+        faults,
+        by_body,
+    } = *cx;
     // A fenced session's batches are refused up to one that lifts the
     // fence; the rest go in its script.
     let mut fenced = unit
@@ -77,7 +104,7 @@ pub(super) fn encode(
         .is_some_and(|id| fences.contains(id));
     let mut sent = Vec::new();
     for &i in &unit.batches {
-        let b = &batches[i];
+        let b = batches[i];
         if fenced && !b.lifts_fence() {
             results[i] = fences.admits(b).and(Err("an earlier write failed".into()));
             continue;
@@ -91,7 +118,7 @@ pub(super) fn encode(
     }
     let mut script = Script::default();
     for i in unit.batches.clone() {
-        let b = &batches[i];
+        let b = batches[i];
         let (mut pre, mut index) = (Vec::new(), Vec::new());
         for op in &b.ops {
             if let Err(e) = queue(&mut script, &mut pre, &mut index, unit, keys, op) {
@@ -128,9 +155,11 @@ pub(super) fn encode(
             .filter(|k| k.version == version && k.wid != 0)
             .map(|k| k.wid)
     });
-    let mut call = redis::cmd("EVAL");
-    call.arg(APPLY)
-        .arg(3)
+    let mut call = match by_body {
+        true => redis::cmd("EVAL").arg(APPLY).clone(),
+        false => redis::cmd("EVALSHA").arg(apply_sha()).clone(),
+    };
+    call.arg(3)
         .arg(keys.meta(id))
         .arg(keys.messages(id))
         .arg(keys.late(id))
@@ -281,9 +310,18 @@ fn queue(
                     .clone(),
             );
         }
-        Op::SaveNote { user, body } => {
-            pre.push(redis::cmd("SET").arg(keys.note(user)).arg(body).clone());
-        }
+        Op::SaveNote { user, body, expect } => match expect {
+            None => pre.push(redis::cmd("SET").arg(keys.note(user)).arg(body).clone()),
+            Some(expect) => pre.push(
+                redis::cmd("EVAL")
+                    .arg(NOTE_CAS)
+                    .arg(1)
+                    .arg(keys.note(user))
+                    .arg(body)
+                    .arg(expect)
+                    .clone(),
+            ),
+        },
     }
     Ok(())
 }

@@ -190,6 +190,11 @@ impl Redis {
         // The writer's own connections: a `WAIT` holds up every command
         // behind it on its connection, and reads must not queue behind it.
         let write_pool = Pool::open(&target, timeout).await?;
+        // Writes name the script by its SHA; a node that lacks it later
+        // (restarted, promoted) gets it again from the writer.
+        if let Err(e) = write_pool.load_script(encode::APPLY).await {
+            tracing::warn!(error = %e, "could not load the write script on every node");
+        }
         let min_replicas = match (config.min_replicas, pool.is_cluster()) {
             (Some(n), _) => writer::Replicas::Exactly(n),
             (None, true) => writer::Replicas::OneIfAny,

@@ -264,7 +264,7 @@ fn dispatch(
         let batches: Vec<Batch> = batches.into_iter().map(|(_, b)| b).collect();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let results = apply_round(&w, &batches).await;
+            let results = apply_with_script(&w, &batches).await;
             w.writes.observe(started.elapsed().as_secs_f64());
             crate::store::settle("redis", ops, &w.fences, batches, results);
             drop(landing);
@@ -296,10 +296,32 @@ fn route(keys: &Keys, b: &Batch) -> String {
     }
 }
 
+/// One round, whose writes name the script by its SHA (`EVALSHA`). A node
+/// that does not have it (restarted, promoted, its cache flushed) refuses
+/// those writes whole (NOSCRIPT), having run nothing of them: they are
+/// sent once more with the script's body, which the node then keeps.
+async fn apply_with_script(w: &Writer, batches: &[Batch]) -> Vec<Outcome> {
+    let all: Vec<&Batch> = batches.iter().collect();
+    let mut results = apply_round(w, &all, false).await;
+    let again: Vec<usize> = (0..results.len())
+        .filter(
+            |&i| matches!(&results[i], Err(Refused::NotStored(why)) if why.contains("NOSCRIPT")),
+        )
+        .collect();
+    if again.is_empty() {
+        return results;
+    }
+    let retried: Vec<&Batch> = again.iter().map(|&i| &batches[i]).collect();
+    for (i, r) in again.into_iter().zip(apply_round(w, &retried, true).await) {
+        results[i] = r;
+    }
+    results
+}
+
 /// One round. Redis runs a script whole or refuses it (out of memory, a
 /// version another replica moved), so a session whose script fails fails
 /// alone; the others are stored.
-async fn apply_round(w: &Writer, batches: &[Batch]) -> Vec<Outcome> {
+async fn apply_round(w: &Writer, batches: &[&Batch], by_body: bool) -> Vec<Outcome> {
     let mut results: Vec<Outcome> = vec![Ok(()); batches.len()];
     if w.faults.round_fails(batches.len()) {
         return vec![Err("injected fault: the write round failed".into()); batches.len()];
@@ -335,17 +357,16 @@ async fn apply_round(w: &Writer, batches: &[Batch]) -> Vec<Outcome> {
         };
         units[unit].batches.push(i);
     }
+    let how = super::encode::Context {
+        keys: &w.keys,
+        known: &w.known,
+        fences: &w.fences,
+        faults: &w.faults,
+        by_body,
+    };
     for unit in &mut units {
         unit.wid = next_wid(&w.next_wid);
-        encode(
-            &w.keys,
-            &w.known,
-            &w.fences,
-            &w.faults,
-            unit,
-            batches,
-            &mut results,
-        );
+        encode(&how, unit, batches, &mut results);
     }
     // Leases are given up after the writes they covered, whether those
     // were stored or not (the next holder reloads what was), on the
@@ -609,10 +630,10 @@ fn next_wid(counter: &AtomicU64) -> u64 {
 }
 
 /// A key of the node a unit was written to, for errors and logs.
-fn unit_key(keys: &Keys, unit: &Unit, batches: &[Batch]) -> String {
+fn unit_key(keys: &Keys, unit: &Unit, batches: &[&Batch]) -> String {
     match (&unit.session, unit.batches.first()) {
         (Some(id), _) => keys.meta(id),
-        (None, Some(&i)) => route(keys, &batches[i]),
+        (None, Some(&i)) => route(keys, batches[i]),
         (None, None) => String::new(),
     }
 }
@@ -700,7 +721,7 @@ fn stamp(items: &[Value]) -> Stamp {
 /// own changes on top of what it knew (or of nothing, for a session it
 /// creates) keep its copy fresh; anything more is another replica's
 /// change, and the copy is read again before it is served.
-fn learn_version(w: &Writer, id: &str, batches: &[Batch], unit: &Unit, after: Stamp) {
+fn learn_version(w: &Writer, id: &str, batches: &[&Batch], unit: &Unit, after: Stamp) {
     let deleted = unit
         .batches
         .iter()

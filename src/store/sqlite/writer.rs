@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::metrics::histogram::Histogram;
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::mpsc;
 
+use super::super::notes::NOTE_CHANGED;
 use super::super::{Batch, Faults, Fences, Op, StorageError};
 use crate::memory::message::Message;
 
@@ -317,7 +318,16 @@ pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
                 tx.prepare_cached("DELETE FROM undelivered_events WHERE id = ?1")?
                     .execute([id])?;
             }
-            Op::SaveNote { user, body } => {
+            Op::SaveNote { user, body, expect } => {
+                if let Some(expect) = expect {
+                    let now: Option<String> = tx
+                        .prepare_cached("SELECT body FROM user_notes WHERE user = ?1")?
+                        .query_row([user], |r| r.get(0))
+                        .optional()?;
+                    if now.as_deref().unwrap_or_default() != expect {
+                        return Err(StorageError::Failed(NOTE_CHANGED.into()));
+                    }
+                }
                 tx.prepare_cached(
                     "INSERT OR REPLACE INTO user_notes (user, body) VALUES (?1, ?2)",
                 )?
