@@ -41,6 +41,9 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use recall::memory::long_term::headings::EXTRACT_HEADING;
 use recall::proxy::mock::embed;
+
+#[path = "load_redis.rs"]
+mod redis_servers;
 use serde_json::{json, Value};
 
 const CHUNKS: usize = 50;
@@ -359,17 +362,29 @@ async fn start_recall_as_hop(mock: SocketAddr) -> Target {
 /// recall with `sections` (`[history]` at least, any others) and the rest
 /// of the benchmark's config.
 async fn launch(mock: SocketAddr, backend: &str, workers: usize, sections: &str) -> Target {
+    let db = work_dir().join(format!("bench-{}.db", free_port()));
+    let storage = format!("backend = \"{backend}\"\npath = \"{}\"\n", db.display());
+    launch_on(mock, backend, &storage, workers, sections).await
+}
+
+/// The same on the `[storage]` section `storage`, its row named `label`.
+async fn launch_on(
+    mock: SocketAddr,
+    label: &str,
+    storage: &str,
+    workers: usize,
+    sections: &str,
+) -> Target {
     let port = free_port();
     let dir = work_dir();
-    let db = dir.join(format!("bench-{port}.db"));
+    let backend = label;
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\nmax_body_bytes = 67108864\n\
          worker_threads = {workers}\n\
          {sections}\n\
          [session]\nttl_secs = 0\nmax_sessions = 1000000\n\
-         [storage]\nbackend = \"{backend}\"\npath = \"{}\"\n[log]\nlevel = \"warn\"\n\
-         [[upstreams]]\nname = \"mock\"\nbase_url = \"http://{mock}/v1\"\n",
-        db.display()
+         [storage]\n{storage}[log]\nlevel = \"warn\"\n\
+         [[upstreams]]\nname = \"mock\"\nbase_url = \"http://{mock}/v1\"\n"
     );
     let path = dir.join(format!("recall-{port}.toml"));
     std::fs::write(&path, config).expect("config");
@@ -1500,6 +1515,50 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
         }
         for (s, runs) in [&chat, &resp].into_iter().zip(&runs) {
             record(&memory, s, median(runs), &mut rows);
+        }
+    }
+    // 1c. Redis: one server, and a 6-node cluster (3 masters with a
+    // replica each) with `min_replicas` 0 and 1, beside SQLite, at a rate
+    // each sustains: what storage costs a turn, and what waiting for a
+    // replica (`WAIT`) adds.
+    let redis_rows = Scenario {
+        responses: false,
+        name: "non-stream · 1,000 sessions · 10 stored · on Redis (at 500 req/s)".into(),
+        stream: false,
+        sessions: 1000,
+        history: 10,
+        rate: 500.0,
+        secs,
+    };
+    if wanted(&redis_rows.name) {
+        match redis_servers::Deployments::start() {
+            Some(redis) => {
+                let history = "[history]\nwindow_messages = 20\nmax_messages = 20000\n";
+                let workers = bench_threads();
+                let mut targets = vec![
+                    launch_on(mock, "redis", &redis.single_storage("b1"), workers, history).await,
+                ];
+                for n in [0, 1] {
+                    let label = format!("redis cluster, min_replicas {n}");
+                    let storage = redis.cluster_storage(&format!("b2{n}"), n);
+                    targets.push(launch_on(mock, &label, &storage, workers, history).await);
+                }
+                let targets: Vec<&Target> = std::iter::once(&sqlite).chain(&targets).collect();
+                let mut runs: Vec<Vec<Figures>> = vec![Vec::new(); targets.len()];
+                for _ in 0..repeat {
+                    for (i, target) in targets.iter().enumerate() {
+                        // Each round from the same 10 stored messages.
+                        seed(target, redis_rows.sessions, redis_rows.history).await;
+                        warm_up(target, &redis_rows).await;
+                        let mut st = open_loop(target, &redis_rows).await;
+                        runs[i].push(figures(&target.name, &redis_rows.name, &mut st));
+                    }
+                }
+                for (target, runs) in targets.iter().zip(&runs) {
+                    record(target, &redis_rows, median(runs), &mut rows);
+                }
+            }
+            None => note("Redis rows skipped: redis-server or redis-cli is not on PATH"),
         }
     }
     // 2. Sessions: 1 (one conversation, turns in sequence), 100,000.
