@@ -11,7 +11,8 @@
 
 use crate::common;
 use crate::redis_faults::{
-    drive, enabled, ms, replica_config, slow_replies, tally, wait_acks, Cluster, Log, Scratch,
+    barge_in_across, drive, enabled, ms, replica_config, slow_replies, tally, wait_acks, Cluster,
+    Log, Scratch,
 };
 
 use std::collections::{HashMap, HashSet};
@@ -20,7 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 const SESSIONS: usize = 12;
@@ -37,6 +37,48 @@ async fn two_on(
     let a = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
     let b = Arc::new(Harness::with_config(&toml, upstream.clone()).await);
     (a, b)
+}
+
+/// A load on a cluster of the test's own: two replicas of recall on it
+/// (`[storage]` lines `storage` added), and `SESSIONS` clients taking
+/// `turns` turns each on alternating replicas, of which 30 have been
+/// acknowledged when it returns.
+struct Load {
+    cluster: Cluster,
+    upstream: MockUpstream,
+    a: Arc<Harness>,
+    b: Arc<Harness>,
+    began: Instant,
+    clients: Vec<tokio::task::JoinHandle<(String, Log)>>,
+    // Last: removed after the cluster's servers are killed.
+    _scratch: Scratch,
+}
+
+async fn load(prefix: &str, node_timeout_ms: u64, storage: &str, turns: usize) -> Load {
+    let scratch = Scratch::new(prefix);
+    let cluster = Cluster::start_with(&scratch.0, node_timeout_ms).await;
+    let upstream = MockUpstream::start().await;
+    slow_replies(&upstream, 4000);
+    let (a, b) = two_on(&cluster, prefix, &upstream, storage).await;
+    let acks = Arc::new(AtomicUsize::new(0));
+    let began = Instant::now();
+    let clients = drive(
+        [Arc::clone(&a), Arc::clone(&b)],
+        prefix,
+        SESSIONS,
+        turns,
+        Arc::clone(&acks),
+    );
+    wait_acks(&acks, 30).await;
+    Load {
+        cluster,
+        upstream,
+        a,
+        b,
+        began,
+        clients,
+        _scratch: scratch,
+    }
 }
 
 /// The sessions whose keys the master on `port` serves.
@@ -212,23 +254,16 @@ async fn a_forced_failover_of_a_lagging_replica_loses_no_acknowledged_turn() {
     if !enabled("a_forced_failover_of_a_lagging_replica") {
         return;
     }
-    let scratch = Scratch::new("lag");
-    let cluster = Cluster::start_with(&scratch.0, 1000).await;
-    let upstream = MockUpstream::start().await;
-    slow_replies(&upstream, 4000);
-    let (a, b) = two_on(&cluster, "lag", &upstream, "").await;
-
-    let acks = Arc::new(AtomicUsize::new(0));
-    let began = Instant::now();
     let turns = 16;
-    let clients = drive(
-        [Arc::clone(&a), Arc::clone(&b)],
-        "lag",
-        SESSIONS,
-        turns,
-        Arc::clone(&acks),
-    );
-    wait_acks(&acks, 30).await;
+    let Load {
+        cluster,
+        upstream,
+        a,
+        b,
+        began,
+        clients,
+        _scratch,
+    } = load("lag", 1000, "", turns).await;
     let (master, replica) = cluster.master_and_replica("lag-0").await;
     let replica = replica.expect("a replica");
     let faulty = sessions_on(&cluster, "lag", master).await;
@@ -302,25 +337,18 @@ async fn a_killed_master_holds_up_only_its_own_sessions() {
     if !enabled("a_killed_master_holds_up_only_its_own_sessions") {
         return;
     }
-    let scratch = Scratch::new("killm");
     // A node timeout long enough that the dead master's sessions wait
     // clearly longer than any other turn takes.
-    let mut cluster = Cluster::start_with(&scratch.0, 3000).await;
-    let upstream = MockUpstream::start().await;
-    slow_replies(&upstream, 4000);
-    let (a, b) = two_on(&cluster, "km", &upstream, "timeout_ms = 2000\n").await;
-
-    let acks = Arc::new(AtomicUsize::new(0));
-    let began = Instant::now();
     let turns = 24;
-    let clients = drive(
-        [Arc::clone(&a), Arc::clone(&b)],
-        "km",
-        SESSIONS,
-        turns,
-        Arc::clone(&acks),
-    );
-    wait_acks(&acks, 30).await;
+    let Load {
+        mut cluster,
+        upstream: _,
+        a,
+        b,
+        began,
+        clients,
+        _scratch,
+    } = load("km", 3000, "timeout_ms = 2000\n", turns).await;
     let (killed, heir) = cluster.master_and_replica("km-0").await;
     let heir = heir.expect("a replica");
     let faulty = sessions_on(&cluster, "km", killed).await;
@@ -344,32 +372,8 @@ async fn a_killed_master_holds_up_only_its_own_sessions() {
         .unwrap()
         .kill9();
     // While the master is dead: a barge-in across replicas elsewhere.
-    barge_upstream.push(sse_text(&["Why did ", "the scarecrow ", "win?"], ms(300)));
-    let resp = c
-        .post_chat(
-            &barge_id,
-            json!({"model": "m", "stream": true, "messages": [user("joke?")]}),
-        )
-        .await;
-    let mut stream = resp.bytes_stream();
-    let mut seen = String::new();
-    while !seen.contains("Why did") {
-        seen.push_str(&String::from_utf8_lossy(
-            &stream.next().await.unwrap().unwrap(),
-        ));
-    }
-    let barged = Instant::now();
-    d.say(&barge_id, "story instead").await;
-    let barge_took = barged.elapsed();
+    let barge_took = barge_in_across(&barge_upstream, &c, &d, &barge_id).await;
     let dead_during_barge = cluster.master_and_replica("km-0").await.0 == killed;
-    assert!(read_rest(Box::pin(stream)).await.find("[DONE]").is_none());
-    for h in [&c, &d] {
-        let view: Vec<String> = h.transcript(&barge_id).await;
-        assert_eq!(
-            view[..3],
-            ["user: joke?", "assistant: Why did ", "user: story instead"]
-        );
-    }
 
     let promoted_in = wait_master(&cluster, "km-0", heir, Duration::from_secs(20)).await;
     let fault_end = Instant::now() + Duration::from_millis(500);
@@ -433,23 +437,16 @@ async fn a_paused_master_holds_up_only_its_own_sessions() {
     if !enabled("a_paused_master_holds_up_only_its_own_sessions") {
         return;
     }
-    let scratch = Scratch::new("pausem");
-    let cluster = Cluster::start_with(&scratch.0, 5000).await;
-    let upstream = MockUpstream::start().await;
-    slow_replies(&upstream, 4000);
-    let (a, b) = two_on(&cluster, "pm", &upstream, "").await;
-
-    let acks = Arc::new(AtomicUsize::new(0));
-    let began = Instant::now();
     let turns = 20;
-    let clients = drive(
-        [Arc::clone(&a), Arc::clone(&b)],
-        "pm",
-        SESSIONS,
-        turns,
-        Arc::clone(&acks),
-    );
-    wait_acks(&acks, 30).await;
+    let Load {
+        cluster,
+        upstream: _,
+        a,
+        b,
+        began,
+        clients,
+        _scratch,
+    } = load("pm", 5000, "", turns).await;
     let (paused, _) = cluster.master_and_replica("pm-0").await;
     let faulty = sessions_on(&cluster, "pm", paused).await;
     let paused_at = Instant::now();

@@ -430,6 +430,45 @@ pub(crate) async fn tally(replicas: &[&Harness], logs: &[(String, Log)], turns: 
     f
 }
 
+/// A barge-in across replicas: `c` streams a slow reply in session `id`
+/// (from `upstream`, whose next reply it is), and `d` takes a turn in the
+/// same session mid-stream. The stream ends without `[DONE]`, both
+/// replicas hold the cut reply and the new turn. Returns how long `d`'s
+/// turn took.
+pub(crate) async fn barge_in_across(
+    upstream: &MockUpstream,
+    c: &Harness,
+    d: &Harness,
+    id: &str,
+) -> Duration {
+    upstream.push(sse_text(&["Why did ", "the scarecrow ", "win?"], ms(300)));
+    let resp = c
+        .post_chat(
+            id,
+            json!({"model": "m", "stream": true, "messages": [user("joke?")]}),
+        )
+        .await;
+    let mut stream = resp.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("Why did") {
+        seen.push_str(&String::from_utf8_lossy(
+            &stream.next().await.unwrap().unwrap(),
+        ));
+    }
+    let barged = Instant::now();
+    d.say(id, "story instead").await;
+    let took = barged.elapsed();
+    assert!(read_rest(Box::pin(stream)).await.find("[DONE]").is_none());
+    for h in [c, d] {
+        let view: Vec<String> = h.transcript(id).await;
+        assert_eq!(
+            view[..3],
+            ["user: joke?", "assistant: Why did ", "user: story instead"]
+        );
+    }
+    took
+}
+
 /// After the faults, both replicas serve a new session at once.
 pub(crate) async fn both_serve(a: &Harness, b: &Harness, id: &str) {
     for (name, h) in [("a", a), ("b", b)] {
@@ -834,30 +873,9 @@ async fn cluster_master_failed_over_mid_run_loses_and_duplicates_nothing() {
     let toml = replica_config(&cluster.url(), "cfb", &barge_upstream);
     let c = Harness::with_config(&toml, barge_upstream.clone()).await;
     let d = Harness::with_config(&toml, barge_upstream.clone()).await;
-    barge_upstream.push(sse_text(&["Why did ", "the scarecrow ", "win?"], ms(300)));
-    let resp = c
-        .post_chat(
-            "fo-0",
-            json!({"model": "m", "stream": true, "messages": [user("joke?")]}),
-        )
-        .await;
-    let mut stream = resp.bytes_stream();
-    let mut seen = String::new();
-    while !seen.contains("Why did") {
-        seen.push_str(&String::from_utf8_lossy(
-            &stream.next().await.unwrap().unwrap(),
-        ));
-    }
-    let barged = Instant::now();
-    d.say("fo-0", "story instead").await;
-    let barge_took = barged.elapsed();
-    assert!(read_rest(Box::pin(stream)).await.find("[DONE]").is_none());
+    let barge_took = barge_in_across(&barge_upstream, &c, &d, "fo-0").await;
     for h in [&c, &d] {
         let view: Vec<String> = h.transcript("fo-0").await;
-        assert_eq!(
-            view[..3],
-            ["user: joke?", "assistant: Why did ", "user: story instead"]
-        );
         assert_eq!(view.len(), 4, "{view:?}");
     }
 

@@ -160,29 +160,22 @@ impl Pool {
         }
     }
 
-    /// How many replicas the deployment reports: the single Redis's, or
-    /// the fewest any cluster master has.
-    pub async fn replicas(&self) -> Result<u32, redis::RedisError> {
-        match self {
-            Pool::Single(c, _) => {
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query_async(&mut c.clone())
-                    .await?;
-                Ok(info
-                    .lines()
-                    .find_map(|l| l.strip_prefix("connected_slaves:"))
-                    .and_then(|n| n.trim().parse().ok())
-                    .unwrap_or(0))
-            }
-            Pool::Cluster(l) => {
-                let table: String = redis::cmd("CLUSTER")
-                    .arg("NODES")
-                    .query_async(&mut l.first.clone())
-                    .await?;
-                Ok(fewest_replicas(&table))
-            }
-        }
+    /// How many replicas one Redis has connected; `None` for a cluster,
+    /// whose writes ask per master (`has_replica`).
+    pub async fn single_replicas(&self) -> Result<Option<u32>, redis::RedisError> {
+        let Pool::Single(c, _) = self else {
+            return Ok(None);
+        };
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut c.clone())
+            .await?;
+        Ok(Some(
+            info.lines()
+                .find_map(|l| l.strip_prefix("connected_slaves:"))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(0),
+        ))
     }
 
     /// Loads a script into every node's cache (a cluster sends `SCRIPT
@@ -368,17 +361,6 @@ impl Topology {
     }
 }
 
-/// The fewest replicas any master has in a `CLUSTER NODES` table (failed
-/// replicas not counted).
-fn fewest_replicas(table: &str) -> u32 {
-    Topology::parse(table)
-        .replicas
-        .values()
-        .copied()
-        .min()
-        .unwrap_or(0)
-}
-
 /// What a failed command says of its node, after "Redis node X".
 pub fn describe(e: &redis::RedisError) -> String {
     if e.is_timeout() {
@@ -504,16 +486,5 @@ mod tests {
         // Mid-failover: the old master, alive, has lost its slots.
         let t = Topology::parse(&table.replace("master,fail", "master"));
         assert!(t.in_transition);
-    }
-
-    #[test]
-    fn the_fewest_replicas_of_any_master() {
-        let table = "a 127.0.0.1:1@11 master - 0 0 1 connected 0-5460\n\
-                     b 127.0.0.1:2@12 master - 0 0 2 connected 5461-10922\n\
-                     c 127.0.0.1:3@13 slave a 0 0 1 connected\n\
-                     d 127.0.0.1:4@14 slave,fail b 0 0 2 connected\n";
-        assert_eq!(fewest_replicas(table), 0);
-        let table = table.replace("slave,fail", "slave");
-        assert_eq!(fewest_replicas(&table), 1);
     }
 }

@@ -195,10 +195,12 @@ impl Redis {
         if let Err(e) = write_pool.load_script(encode::APPLY).await {
             tracing::warn!(error = %e, "could not load the write script on every node");
         }
-        let min_replicas = match (config.min_replicas, pool.is_cluster()) {
-            (Some(n), _) => writer::Replicas::Exactly(n),
-            (None, true) => writer::Replicas::OneIfAny,
-            (None, false) => writer::Replicas::Exactly(pool.replicas().await?.min(1)),
+        let min_replicas = match config.min_replicas {
+            Some(n) => writer::Replicas::Exactly(n),
+            None => match pool.single_replicas().await? {
+                Some(n) => writer::Replicas::Exactly(n.min(1)),
+                None => writer::Replicas::OneIfAny,
+            },
         };
         let keys = Keys::new(&config.key_prefix);
         let known = Arc::new(DashMap::new());
