@@ -81,17 +81,31 @@ async fn end_when(
     };
     // With a webhook and durable storage, the event is kept in the same
     // write as the deletion: the memory leaves storage only as an event.
+    // So is the carry-over, as a job that a stop does not lose.
     let keep = app.notifier.keeps() && storage.persistent();
     let kept_id = crate::webhook::new_event_id(ended_at);
+    let carries = carrier(app).is_some();
+    let job_id = storage.persistent().then(|| carry::new_job_id(ended_at));
+    let leftover = |ended: &crate::memory::session::Ended| {
+        carries
+            .then(|| carry::Leftover::of(ended, session.created_ms))
+            .flatten()
+    };
+    // Set by `also`, which runs only with durable storage.
+    let mut left = None;
     let Some((ended, ticket)) = session.end(&app.policy, when, |ended| {
-        if !keep {
-            return Vec::new();
+        let mut ops = Vec::new();
+        if keep {
+            let body = serde_json::to_string(&event_of(ended)).unwrap_or_default();
+            ops.push(Op::KeepEvent {
+                id: kept_id.clone(),
+                body,
+            });
         }
-        let body = serde_json::to_string(&event_of(ended)).unwrap_or_default();
-        vec![Op::KeepEvent {
-            id: kept_id.clone(),
-            body,
-        }]
+        left = leftover(ended);
+        let job = left.as_ref().zip(job_id.as_deref());
+        ops.extend(job.and_then(|(left, id)| left.keep(id)));
+        ops
     }) else {
         let _ = claim.map(|c| storage.release(c));
         return Ok(None);
@@ -104,7 +118,10 @@ async fn end_when(
     ticket.durable().await?;
     app.metrics.session_ended();
     let event = event_of(&ended);
-    carry_over(app, &ended, session.created_ms);
+    let left = left.or_else(|| leftover(&ended));
+    if let (Some(summarizer), Some(left)) = (carrier(app), left) {
+        carry::start(Arc::clone(summarizer), carry::Keep::of(app), left, job_id);
+    }
     if let Some(lt) = &app.long_term {
         crate::long_term::jobs::after_end(lt, &ended, session.created_ms, &session.id);
     }
@@ -114,25 +131,19 @@ async fn end_when(
     Ok(Some(event))
 }
 
-/// With `[memory] carry_over`, folds what an ended session leaves into
-/// its user's note, in the background.
-fn carry_over(app: &App, ended: &crate::memory::session::Ended, began_ms: i64) {
-    let Some(summarizer) = app
-        .summarizer
+/// With `[memory] carry_over`, the model that folds what an ended session
+/// leaves into its user's note, in the background.
+fn carrier(app: &App) -> Option<&Arc<crate::summarizer::Summarizer>> {
+    app.summarizer
         .as_ref()
         .filter(|_| app.config.memory.carry_over)
-    else {
-        return;
-    };
-    let Some(left) = carry::Leftover::of(ended, began_ms) else {
-        return;
-    };
-    let keep = carry::Keep {
-        notes: Arc::clone(&app.notes),
-        storage: Arc::clone(&app.policy.storage),
-        clock: app.policy.clock.clone(),
-    };
-    carry::start(Arc::clone(summarizer), keep, left);
+}
+
+/// Runs the carry-overs that an earlier run kept and did not finish.
+pub fn resume_carry_overs(app: &App) {
+    if let Some(summarizer) = carrier(app).filter(|_| app.policy.storage.persistent()) {
+        carry::resume(Arc::clone(summarizer), carry::Keep::of(app));
+    }
 }
 
 /// Ends idle sessions and evicts the least active ones past the limit.

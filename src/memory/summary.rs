@@ -132,7 +132,7 @@ impl Remembered {
 }
 
 /// The messages a fold turns into the next summary, and where they lie.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fold {
     /// The summary it extends covers up to here, and so must it still be
     /// when the fold's answer comes (else the answer is stale).

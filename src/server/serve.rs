@@ -42,6 +42,7 @@ pub async fn serve(
         listener.local_addr()?,
         &stopping,
     )?;
+    crate::memory::lifecycle::resume_carry_overs(&app);
     let sweeper = tokio::spawn(crate::memory::lifecycle::sweeper(
         Arc::clone(&app),
         Arc::clone(&app.sweep_now),

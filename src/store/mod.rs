@@ -10,6 +10,7 @@
 
 #[cfg(feature = "fault-injection")]
 pub mod faults;
+mod kept;
 mod notes;
 mod op;
 mod records;
@@ -17,8 +18,9 @@ pub mod redis;
 mod round;
 pub mod sqlite;
 
+pub use kept::{KeptClaim, Taken};
 pub use notes::{note_changed, Notes};
-pub use op::{Listed, Loaded, Meta, Op};
+pub use op::{Kept, KeptChange, Listed, Loaded, Meta, Op};
 pub use records::{Held, Records};
 pub(crate) use round::{gather, settle, Batch, Faults, Fences};
 pub use round::{Outcome, Refused, Ticket};
@@ -73,30 +75,6 @@ pub use self::redis::Wait;
 /// process of its own, nothing (the session's own lock is enough).
 #[derive(Debug)]
 pub struct Claim(Option<redis::Lease>);
-
-/// The right to send a kept webhook event: with shared storage, a lease on
-/// it, renewed while held, that lapses if this process dies; with a process
-/// of its own, nothing.
-#[derive(Debug)]
-pub struct EventClaim(Option<redis::Lease>);
-
-impl EventClaim {
-    /// Whether the claim lapsed and another replica may be sending the
-    /// event now.
-    pub fn lost(&self) -> bool {
-        self.0.as_ref().is_some_and(redis::Lease::lost)
-    }
-}
-
-/// What claiming a kept event found.
-#[derive(Debug)]
-pub enum KeptClaim {
-    /// This process may send it.
-    Ours(EventClaim),
-    /// Another replica is sending it; its claim lapses in about this long
-    /// unless renewed.
-    Theirs(std::time::Duration),
-}
 
 impl Storage {
     /// Opens the configured backend; its writer reports each group
@@ -250,51 +228,6 @@ impl Storage {
             Storage::Memory => Ok(Vec::new()),
             Storage::Sqlite(s) => s.idle(cutoff_ms, limit).await,
             Storage::Redis(r) => r.idle(cutoff_ms, limit).await,
-        }
-    }
-
-    /// Webhook events kept undelivered: their ids and bodies.
-    pub async fn kept_events(&self) -> Result<Vec<(String, String)>, StorageError> {
-        self.flush().await?;
-        match self {
-            Storage::Memory => Ok(Vec::new()),
-            Storage::Sqlite(s) => s.kept_events().await,
-            Storage::Redis(r) => r.kept_events().await,
-        }
-    }
-
-    /// One kept event's body, if it is still kept (not delivered by now).
-    /// Waits for queued writes first, so that an event kept a moment ago
-    /// is found.
-    pub async fn kept_event(&self, id: &str) -> Result<Option<String>, StorageError> {
-        self.flush().await?;
-        match self {
-            Storage::Memory => Ok(None),
-            Storage::Sqlite(s) => s.kept_event(id).await,
-            Storage::Redis(r) => r.kept_event(id).await,
-        }
-    }
-
-    /// Claims a kept event for sending, so that one replica at a time
-    /// sends it.
-    pub async fn claim_kept_event(&self, id: &str) -> Result<KeptClaim, StorageError> {
-        match self {
-            Storage::Redis(r) => Ok(match r.claim_event(id).await? {
-                Ok(lease) => KeptClaim::Ours(EventClaim(Some(lease))),
-                Err(left) => KeptClaim::Theirs(left),
-            }),
-            // One process per store: the webhook's own bookkeeping keeps
-            // it from sending an event twice at once.
-            _ => Ok(KeptClaim::Ours(EventClaim(None))),
-        }
-    }
-
-    /// Gives up a kept event's claim (after the event was forgotten, if it
-    /// was delivered, so that nobody who claims it next finds it kept).
-    pub async fn release_kept_event(&self, claim: EventClaim) -> Result<(), StorageError> {
-        match (self, claim.0) {
-            (Storage::Redis(r), Some(lease)) => r.release_event(lease).await,
-            _ => Ok(()),
         }
     }
 

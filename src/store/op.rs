@@ -98,6 +98,11 @@ pub enum Op {
     KeepEvent { id: String, body: String },
     /// Forgets a kept event (delivered at last).
     ForgetEvent { id: String },
+    /// Keeps a job of recall's own (a carry-over) until it is done, so
+    /// that a stop in the middle of it does not lose it.
+    KeepJob { id: String, body: String },
+    /// Forgets a kept job (done).
+    ForgetJob { id: String },
     /// Stores a user's carried note (`Note` as JSON, a deleted one too)
     /// under its key.
     SaveNote {
@@ -127,7 +132,38 @@ pub enum Op {
     Resume { id: String },
 }
 
+/// What storage keeps until it is done with: webhook events until they
+/// are delivered, recall's own jobs until they have run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    Event,
+    Job,
+}
+
+/// A kept event's or job's change: kept with this body, or forgotten.
+pub struct KeptChange<'a> {
+    pub what: Kept,
+    pub id: &'a str,
+    pub body: Option<&'a str>,
+}
+
 impl Op {
+    /// What it keeps or forgets, for an op that does.
+    pub fn kept(&self) -> Option<KeptChange<'_>> {
+        let (what, id, body) = match self {
+            Op::KeepEvent { id, body } => (Kept::Event, id, Some(body.as_str())),
+            Op::ForgetEvent { id } => (Kept::Event, id, None),
+            Op::KeepJob { id, body } => (Kept::Job, id, Some(body.as_str())),
+            Op::ForgetJob { id } => (Kept::Job, id, None),
+            _ => return None,
+        };
+        Some(KeptChange {
+            what,
+            id: id.as_str(),
+            body,
+        })
+    }
+
     /// The session whose stored data this op changes (not a lease or a
     /// webhook event).
     pub fn session(&self) -> Option<&str> {
@@ -145,6 +181,8 @@ impl Op {
             Op::Release { .. }
             | Op::KeepEvent { .. }
             | Op::ForgetEvent { .. }
+            | Op::KeepJob { .. }
+            | Op::ForgetJob { .. }
             | Op::SaveNote { .. } => None,
         }
     }
@@ -167,6 +205,8 @@ impl Op {
             | Op::Release { .. }
             | Op::KeepEvent { .. }
             | Op::ForgetEvent { .. }
+            | Op::KeepJob { .. }
+            | Op::ForgetJob { .. }
             | Op::SaveNote { .. }
             | Op::Resume { .. } => false,
         }

@@ -14,7 +14,7 @@ use super::sign::sign_with;
 use super::*;
 use crate::config::{SecretError, WebhookConfig};
 use crate::metrics::Metrics;
-use crate::store::{EventClaim, KeptClaim, Op, Storage};
+use crate::store::{Kept, KeptClaim, Op, Storage, Taken};
 
 /// Deliveries (attempts) in progress at once.
 const CONCURRENT: usize = 8;
@@ -206,33 +206,11 @@ impl Delivery {
             tracing::warn!(event = name, session, id, error = %e,
                 "cannot send a kept webhook event now; it stays kept and is sent again after a restart");
         };
-        let claim = loop {
-            match self.storage.claim_kept_event(id).await {
-                Ok(KeptClaim::Ours(claim)) => break claim,
-                Ok(KeptClaim::Theirs(left)) => {
-                    // Another replica is sending it. Look again when its
-                    // claim would lapse, in case that replica died.
-                    tokio::time::sleep(left.clamp(CLAIM_POLL_MIN, CLAIM_POLL_MAX)).await;
-                    match self.storage.kept_event(id).await {
-                        Ok(Some(_)) => continue,
-                        Ok(None) => return, // delivered by the other replica
-                        Err(e) => return gave_up(&e),
-                    }
-                }
-                Err(e) => return gave_up(&e),
-            }
-        };
-        // Read under the claim: what an earlier holder delivered is gone.
-        let body = match self.storage.kept_event(id).await {
-            Ok(Some(body)) => body,
-            Ok(None) => {
-                let _ = self.storage.release_kept_event(claim).await;
-                return;
-            }
-            Err(e) => {
-                let _ = self.storage.release_kept_event(claim).await;
-                return gave_up(&e);
-            }
+        let (claim, body) = match self.storage.take_kept(Kept::Event, id).await {
+            Ok(Some(Taken { claim, body })) => (claim, body),
+            // Delivered meanwhile, by another replica or an earlier holder.
+            Ok(None) => return,
+            Err(e) => return gave_up(&e),
         };
         let sent = self
             .post(id, body.as_bytes(), name, session, Some(&claim))
@@ -254,7 +232,7 @@ impl Delivery {
                 "webhook delivery failed after all retries; the event is kept in storage and sent again after a restart");
         }
         if !claim.lost() {
-            let _ = self.storage.release_kept_event(claim).await;
+            let _ = self.storage.release_kept(claim).await;
         }
     }
 
@@ -283,7 +261,7 @@ impl Delivery {
         body: &[u8],
         name: &str,
         session: &str,
-        claim: Option<&EventClaim>,
+        claim: Option<&KeptClaim>,
     ) -> bool {
         let mut wait = self.backoff;
         for attempt in 0..=self.max_retries {
@@ -291,7 +269,7 @@ impl Delivery {
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(MAX_BACKOFF);
             }
-            if claim.is_some_and(EventClaim::lost) {
+            if claim.is_some_and(KeptClaim::lost) {
                 tracing::warn!(
                     event = name,
                     session,
@@ -336,8 +314,3 @@ impl Delivery {
         false
     }
 }
-
-/// Shortest and longest wait before looking again at a kept event another
-/// replica is sending.
-const CLAIM_POLL_MIN: Duration = Duration::from_millis(50);
-const CLAIM_POLL_MAX: Duration = Duration::from_secs(5);

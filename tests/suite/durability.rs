@@ -551,6 +551,104 @@ async fn an_undeliverable_event_is_kept_and_sent_after_a_restart() {
     }
 }
 
+/// A carry-over still running when recall stops is kept as a job (in the
+/// write that deletes its session) and runs when recall next starts: the
+/// note is written once, and the job is forgotten. On Redis (the suite's
+/// Redis pass) the stopped process's claim on the job lapses first.
+#[tokio::test]
+async fn a_carry_over_cut_short_by_a_stop_runs_after_the_restart() {
+    let redis = std::env::var("RECALL_TEST_BACKEND").as_deref() == Ok("redis");
+    let db = temp_db("kept-carry");
+    let storage = match redis {
+        true => format!(
+            "[storage]\nbackend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"kc{}\"\nlease_ms = 1000\n",
+            std::env::var("RECALL_TEST_REDIS_URL").expect("the Redis pass sets RECALL_TEST_REDIS_URL"),
+            rand_tag()
+        ),
+        false => format!("[storage]\nbackend = \"sqlite\"\npath = \"{}\"\n", db.display()),
+    };
+    let upstream = MockUpstream::start().await;
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace_secs = 0\n[log]\nformat = \"text\"\n\
+         [memory]\ncarry_over = true\nsummary_model = \"{SUMMARIZER}\"\nsummary_timeout_secs = 60\n\
+         {storage}[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\n",
+        upstream.base_url()
+    );
+    let client = reqwest::Client::new();
+    let summary_calls = || upstream.split().0.len();
+
+    // The session ends; its last fold is under way when recall stops.
+    upstream.summaries(SummaryMode::Slow(Duration::from_secs(60)));
+    let first = Process::start(&config);
+    let said = client
+        .post(format!("{}/v1/chat/completions", first.url))
+        .header("x-session-id", "leaving")
+        .header("x-user-id", "ada")
+        .json(&json!({"model": "m", "messages": [user("My name is Ada")]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(said.status(), 200);
+    let ended = client
+        .post(format!("{}/v1/sessions/leaving/end", first.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while summary_calls() == 0 {
+        assert!(Instant::now() < deadline, "the carry-over did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.signal("TERM");
+    let mut first = first;
+    let status = tokio::task::spawn_blocking(move || first.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    // With SQLite, what the file holds (Redis's keys are the suite's own).
+    let kept_jobs = || {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.query_row("SELECT count(*) FROM kept_jobs", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    };
+    if !redis {
+        assert_eq!(kept_jobs(), 1, "the carry-over was not kept");
+    }
+
+    // Restarted with a model that answers: the note is written.
+    upstream.summaries(SummaryMode::Fold);
+    let before = summary_calls();
+    let second = Process::start(&config);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let note = loop {
+        let resp = client
+            .get(format!("{}/v1/users/ada/memory", second.url))
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 200 {
+            break resp.json::<Value>().await.unwrap();
+        }
+        assert_eq!(resp.status(), 404);
+        assert!(Instant::now() < deadline, "no note after the restart");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(note["note"], "Known: My name is Ada");
+    // The fold, then the note: once each.
+    assert_eq!(summary_calls() - before, 2);
+    drop(second);
+
+    // Done, so forgotten: a third start has nothing to carry.
+    let third = Process::start(&config);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(summary_calls() - before, 2, "the carry-over ran again");
+    if !redis {
+        assert_eq!(kept_jobs(), 0, "the carry-over that ran was not forgotten");
+    }
+    drop(third);
+}
+
 /// `[server] worker_threads` sets how many threads serve requests.
 #[tokio::test]
 async fn worker_threads_sets_the_serving_threads() {

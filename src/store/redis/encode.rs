@@ -293,22 +293,17 @@ fn queue(
         }
         // Handled by the round: after the script, or by the fences.
         Op::Release { .. } | Op::Resume { .. } => {}
-        Op::KeepEvent { id, body } => {
-            pre.push(
-                redis::cmd("HSET")
-                    .arg(keys.undelivered(bucket(id)))
-                    .arg(id)
-                    .arg(body)
-                    .clone(),
-            );
-        }
-        Op::ForgetEvent { id } => {
-            pre.push(
-                redis::cmd("HDEL")
-                    .arg(keys.undelivered(bucket(id)))
-                    .arg(id)
-                    .clone(),
-            );
+        Op::KeepEvent { .. }
+        | Op::ForgetEvent { .. }
+        | Op::KeepJob { .. }
+        | Op::ForgetJob { .. } => {
+            if let Some(k) = op.kept() {
+                let key = keys.kept(k.what, bucket(k.id));
+                pre.push(match k.body {
+                    Some(body) => redis::cmd("HSET").arg(key).arg(k.id).arg(body).clone(),
+                    None => redis::cmd("HDEL").arg(key).arg(k.id).clone(),
+                });
+            }
         }
         Op::SaveNote { user, body, expect } => match expect {
             None => pre.push(redis::cmd("SET").arg(keys.note(user)).arg(body).clone()),

@@ -1,7 +1,7 @@
 //! Key names. Every key of one session carries the session id as its hash
 //! tag (`P:{id}:...`), so that a session's transaction touches one slot of
 //! a Redis Cluster. What spans sessions (the id and activity indexes, the
-//! kept webhook events) is spread over `BUCKETS` fixed buckets, each one
+//! kept webhook events and jobs) is spread over `BUCKETS` fixed buckets, each one
 //! hash tag (`P:{b<n>}:...`), written by single-key commands outside any
 //! session's transaction, and read by scanning every bucket.
 
@@ -10,6 +10,8 @@
 /// them over the masters of any usual cluster while keeping a scan of all
 /// buckets cheap.
 pub const BUCKETS: u32 = 16;
+
+use crate::store::Kept;
 
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -71,8 +73,9 @@ impl Keys {
         format!("{}:{{u:{user}}}:rver", self.prefix)
     }
 
-    /// String with expiry: the replica sending a kept event.
-    pub fn event_claim(&self, event: &str) -> String {
+    /// String with expiry: the replica working on a kept event or job (the
+    /// two kinds of id never meet).
+    pub fn kept_claim(&self, event: &str) -> String {
         format!("{}:{{e:{event}}}:claim", self.prefix)
     }
 
@@ -89,6 +92,19 @@ impl Keys {
     /// Hash: the kept webhook events of bucket `n`, by event id.
     pub fn undelivered(&self, n: u32) -> String {
         format!("{}:{{b{n}}}:undelivered", self.prefix)
+    }
+
+    /// Hash: recall's kept jobs of bucket `n`, by job id.
+    pub fn jobs(&self, n: u32) -> String {
+        format!("{}:{{b{n}}}:jobs", self.prefix)
+    }
+
+    /// The hash of bucket `n` that keeps `what`.
+    pub fn kept(&self, what: Kept, n: u32) -> String {
+        match what {
+            Kept::Event => self.undelivered(n),
+            Kept::Job => self.jobs(n),
+        }
     }
 
     /// The channel of interrupt requests. Plain PUBLISH reaches the

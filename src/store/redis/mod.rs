@@ -363,12 +363,12 @@ impl Redis {
         Ok(version.is_some() && now == known)
     }
 
-    /// Claims a kept event for sending: a lease on `P:{e:<id>}:claim`,
+    /// Claims a kept event or job: a lease on `P:{e:<id>}:claim`,
     /// renewed while held, so that it lapses within `lease_ms` if this
-    /// replica dies mid-delivery. `Err` with the time left on the claim
+    /// replica dies while on it. `Err` with the time left on the claim
     /// when another replica holds it.
-    pub async fn claim_event(&self, id: &str) -> Result<Result<Lease, Duration>, StorageError> {
-        let key = self.keys.event_claim(id);
+    pub async fn claim_kept(&self, id: &str) -> Result<Result<Lease, Duration>, StorageError> {
+        let key = self.keys.kept_claim(id);
         let token = format!(
             "{}:{}",
             self.replica,
@@ -429,11 +429,11 @@ impl Redis {
         }
     }
 
-    /// Gives up a kept event's claim, if this replica still holds it.
-    pub async fn release_event(&self, lease: Lease) -> Result<(), StorageError> {
-        let mut conn = self.pool.at(&self.keys.event_claim(&lease.id));
+    /// Gives up a kept event's or job's claim, if this replica still holds it.
+    pub async fn release_kept(&self, lease: Lease) -> Result<(), StorageError> {
+        let mut conn = self.pool.at(&self.keys.kept_claim(&lease.id));
         let _: i64 = redis::Script::new(RELEASE)
-            .key(self.keys.event_claim(&lease.id))
+            .key(self.keys.kept_claim(&lease.id))
             .arg(&lease.token)
             .invoke_async(&mut conn)
             .await?;

@@ -10,7 +10,7 @@ use redis::Value;
 use super::keys::{bucket, BUCKETS};
 use super::{Redis, Stamp};
 use crate::memory::message::Message;
-use crate::store::{Listed, Loaded, Meta, StorageError};
+use crate::store::{Kept, Listed, Loaded, Meta, StorageError};
 
 impl Redis {
     pub async fn load(&self, id: &str) -> Result<Option<Loaded>, StorageError> {
@@ -159,18 +159,20 @@ impl Redis {
         Ok(out)
     }
 
-    pub async fn kept_events(&self) -> Result<Vec<(String, String)>, StorageError> {
+    /// What is kept of `what`: ids and bodies.
+    pub async fn kept(&self, what: Kept) -> Result<Vec<(String, String)>, StorageError> {
         let mut out = Vec::new();
         for v in self
             .each_bucket(|n| {
                 let mut c = redis::cmd("HGETALL");
-                c.arg(self.keys.undelivered(n));
+                c.arg(self.keys.kept(what, n));
                 c
             })
             .await?
         {
             out.extend(decode::<HashMap<String, String>>(&v)?);
         }
+        out.sort();
         Ok(out)
     }
 
@@ -188,11 +190,12 @@ impl Redis {
             .await?)
     }
 
-    /// One kept event's body, if it is still kept.
-    pub async fn kept_event(&self, id: &str) -> Result<Option<String>, StorageError> {
-        let mut conn = self.pool.at(&self.keys.undelivered(bucket(id)));
+    /// One kept event's or job's body, if it is still kept.
+    pub async fn kept_one(&self, what: Kept, id: &str) -> Result<Option<String>, StorageError> {
+        let key = self.keys.kept(what, bucket(id));
+        let mut conn = self.pool.at(&key);
         Ok(redis::cmd("HGET")
-            .arg(self.keys.undelivered(bucket(id)))
+            .arg(&key)
             .arg(id)
             .query_async(&mut conn)
             .await?)

@@ -290,9 +290,12 @@ fn route(keys: &Keys, b: &Batch) -> String {
     }
     match b.ops.first() {
         Some(Op::Release { id, .. }) => keys.lease(id),
-        Some(Op::KeepEvent { id, .. } | Op::ForgetEvent { id }) => keys.undelivered(bucket(id)),
         Some(Op::SaveNote { user, .. }) => keys.note(user),
-        _ => String::new(),
+        Some(op) => op
+            .kept()
+            .map(|k| keys.kept(k.what, bucket(k.id)))
+            .unwrap_or_default(),
+        None => String::new(),
     }
 }
 

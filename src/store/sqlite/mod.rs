@@ -10,7 +10,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Batch, Faults, Fences, Listed, Loaded, Op, StorageError, Ticket};
+use super::{Batch, Faults, Fences, Kept, Listed, Loaded, Op, StorageError, Ticket};
 use crate::config::{StorageConfig, SyncMode};
 use crate::memory::message::Message;
 
@@ -23,6 +23,14 @@ mod writer;
 use schema::{connect, meta_from_row, meta_from_row_at, migrate};
 pub(crate) use writer::WalLimits;
 use writer::{checkpoint_loop, write_loop, Signals, Writer};
+
+/// The table `what` is kept in.
+fn kept_table(what: Kept) -> &'static str {
+    match what {
+        Kept::Event => "undelivered_events",
+        Kept::Job => "kept_jobs",
+    }
+}
 
 pub struct Sqlite {
     tx: mpsc::UnboundedSender<Batch>,
@@ -228,10 +236,13 @@ impl Sqlite {
         .await
     }
 
-    pub async fn kept_events(&self) -> Result<Vec<(String, String)>, StorageError> {
-        self.read(|conn| {
-            let mut stmt =
-                conn.prepare_cached("SELECT id, body FROM undelivered_events ORDER BY id")?;
+    /// What is kept of `what`: ids and bodies, in id order.
+    pub async fn kept(&self, what: Kept) -> Result<Vec<(String, String)>, StorageError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT id, body FROM {} ORDER BY id",
+                kept_table(what)
+            ))?;
             let rows = stmt
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<Vec<(String, String)>, _>>()?;
@@ -240,12 +251,14 @@ impl Sqlite {
         .await
     }
 
-    /// One kept event's body, if it is still kept.
-    pub async fn kept_event(&self, id: &str) -> Result<Option<String>, StorageError> {
+    /// One kept event's or job's body, if it is still kept.
+    pub async fn kept_one(&self, what: Kept, id: &str) -> Result<Option<String>, StorageError> {
         let id = id.to_owned();
         self.read(move |conn| {
-            let mut stmt =
-                conn.prepare_cached("SELECT body FROM undelivered_events WHERE id = ?1")?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT body FROM {} WHERE id = ?1",
+                kept_table(what)
+            ))?;
             let mut rows = stmt.query_map([&id], |r| r.get(0))?;
             Ok(rows.next().transpose()?)
         })

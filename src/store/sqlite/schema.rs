@@ -93,6 +93,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
      DROP TABLE messages;
      ALTER TABLE messages_by_rowid RENAME TO messages;
      CREATE UNIQUE INDEX messages_by_session ON messages (session_id, seq);",
+    // 8: recall's own jobs (a carry-over) until they have run.
+    "CREATE TABLE kept_jobs (
+         id TEXT PRIMARY KEY,
+         body TEXT NOT NULL
+     );",
 ];
 
 pub(super) fn connect(path: &str) -> Result<Connection, StorageError> {

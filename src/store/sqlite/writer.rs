@@ -211,6 +211,20 @@ pub(super) fn raise_priority() {
 
 pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
     for op in ops {
+        if let Some(k) = op.kept() {
+            let table = super::kept_table(k.what);
+            match k.body {
+                Some(body) => tx
+                    .prepare_cached(&format!(
+                        "INSERT OR REPLACE INTO {table} (id, body) VALUES (?1, ?2)"
+                    ))?
+                    .execute([k.id, body])?,
+                None => tx
+                    .prepare_cached(&format!("DELETE FROM {table} WHERE id = ?1"))?
+                    .execute([k.id])?,
+            };
+            continue;
+        }
         match op {
             Op::Save { id, meta } => {
                 let users = serde_json::to_string(&meta.users).unwrap_or_else(|_| "[]".into());
@@ -308,16 +322,11 @@ pub(super) fn apply(tx: &Connection, ops: &[Op]) -> Result<(), StorageError> {
             // writer's business (`Fences`).
             // One process owns the file: no other writer to expect.
             Op::Release { .. } | Op::Resume { .. } | Op::Expect { .. } => {}
-            Op::KeepEvent { id, body } => {
-                tx.prepare_cached(
-                    "INSERT OR REPLACE INTO undelivered_events (id, body) VALUES (?1, ?2)",
-                )?
-                .execute([id, body])?;
-            }
-            Op::ForgetEvent { id } => {
-                tx.prepare_cached("DELETE FROM undelivered_events WHERE id = ?1")?
-                    .execute([id])?;
-            }
+            // Kept and forgotten above.
+            Op::KeepEvent { .. }
+            | Op::ForgetEvent { .. }
+            | Op::KeepJob { .. }
+            | Op::ForgetJob { .. } => {}
             Op::SaveNote { user, body, expect } => {
                 if let Some(expect) = expect {
                     let now: Option<String> = tx
