@@ -25,7 +25,9 @@
 //! `--repeat N` (rounds of the headline scenarios, median reported; 3 by
 //! default), `--rate N` (requests a second of the open-loop scenarios;
 //! 2,000 by default), `--pin` (generator and mock on CPU 0, the path under
-//! test on CPU 1). `--only million` runs the one scenario a full run leaves
+//! test on CPU 1), `--no-cluster` (the Redis rows without the cluster's,
+//! for an A/B against a build that predates their `[storage]` keys).
+//! `--only million` runs the one scenario a full run leaves
 //! out: a million sessions held (minutes of seeding, gigabytes of RSS).
 
 use std::collections::{BTreeMap, HashMap};
@@ -1538,7 +1540,11 @@ async fn run(mock: SocketAddr, quick: bool, only: Option<String>, repeat: usize,
                 let mut targets = vec![
                     launch_on(mock, "redis", &redis.single_storage("b1"), workers, history).await,
                 ];
-                for n in [0, 1] {
+                let cluster: &[u32] = match std::env::args().any(|a| a == "--no-cluster") {
+                    true => &[],
+                    false => &[0, 1],
+                };
+                for &n in cluster {
                     let label = format!("redis cluster, min_replicas {n}");
                     let storage = redis.cluster_storage(&format!("b2{n}"), n);
                     targets.push(launch_on(mock, &label, &storage, workers, history).await);

@@ -22,7 +22,7 @@
 //!   --client C      `reqwest` (the default, as recall) or `hyper-util`:
 //!                   hyper-util's pooled client, which reqwest is built on,
 //!                   without reqwest's layers (plain HTTP only; an
-//!                   experiment, BENCHMARKS.md item 26)
+//!                   experiment, docs/perf-journal.md item 26)
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //!
 //! serde_json escapes a string by looking up every byte in a table; for
 //! the window's text, most of the body, that was the largest single cost of
-//! a turn in recall's own code (BENCHMARKS.md, item 24). Text with nothing
+//! a turn in recall's own code (docs/perf-journal.md, item 24). Text with nothing
 //! to escape, which is most conversation, is found 32 bytes at a time
 //! and copied in one go; anything else, and every value that is not a
 //! string, is still written by serde_json, so the output is byte for byte

@@ -124,7 +124,7 @@ async fn shutdown_signal() {
 /// `MIMALLOC_ALLOW_THP` is set (then mimalloc and the host decide).
 /// mimalloc's `no_thp` only stops it asking for them, which is enough on
 /// hosts in `madvise` mode, not on those in `always` mode; this is what
-/// `MIMALLOC_ALLOW_THP=0` does, as the default (BENCHMARKS.md item 45).
+/// `MIMALLOC_ALLOW_THP=0` does, as the default (docs/perf-journal.md item 45).
 fn no_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {

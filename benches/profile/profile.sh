@@ -1,7 +1,7 @@
 #!/bin/bash
 # Where a request's time goes: recall (memory) and the naive hop side by
 # side behind wrk, against nginx answering a fixed chat.completion (an
-# upstream that costs next to nothing). BENCHMARKS.md, item 24, has what it
+# upstream that costs next to nothing). docs/perf-journal.md, item 24, has what it
 # showed and how to read it.
 #
 #   bash benches/profile/profile.sh [seconds]

@@ -47,7 +47,7 @@ pub fn routes(app: &Arc<App>, beside: Router<Arc<App>>) -> Router<Arc<App>> {
         .route("/metrics", get(metrics));
     // Each `/v1` route is registered under both prefixes rather than
     // nested: a nested route rebuilds the request's URI and inserts its
-    // prefix into the extensions on every request (BENCHMARKS.md, item 29).
+    // prefix into the extensions on every request (docs/perf-journal.md, item 29).
     for (path, route) in v1(app) {
         router = router
             .route(&format!("/v1{path}"), route.clone())

@@ -47,7 +47,7 @@ impl ServedBy {
 /// `middleware::from_fn`, which for every request clones the route's boxed
 /// service once more, boxes its own future and calls the route through
 /// `Next`: this calls the route it holds and wraps the route's future
-/// (BENCHMARKS.md, item 38).
+/// (docs/perf-journal.md, item 38).
 #[derive(Clone)]
 pub struct ObserveLayer(pub Arc<App>);
 

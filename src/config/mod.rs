@@ -1,5 +1,5 @@
 //! The TOML configuration: its shape, its defaults and the checks that run
-//! before the server starts. Every key is documented in the README.
+//! before the server starts. Every key is documented in docs/configuration.md.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

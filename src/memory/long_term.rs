@@ -323,7 +323,7 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
     // independent lanes let the sums run side by side, and chunks of a
     // length the compiler knows let it load and multiply them as whole
     // SIMD registers (slices of a length known only at run time were
-    // shuffled in element by element: BENCHMARKS.md, item 47).
+    // shuffled in element by element: docs/perf-journal.md, item 47).
     const LANES: usize = 16;
     let (a16, b16) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let tail: f32 = a16
@@ -557,7 +557,7 @@ pub fn plan<R: AsRef<Record>>(
 /// Each fact's score against each known record of its namespace (`None`
 /// for another namespace's), in one pass over the records: a record's
 /// vector is read from memory once for all the facts, where scoring fact
-/// by fact read every record again for each (BENCHMARKS.md, item 47).
+/// by fact read every record again for each (docs/perf-journal.md, item 47).
 fn known_scores<R: AsRef<Record>>(
     known: &[R],
     facts: &[(NewFact, Embedding)],

@@ -1,4 +1,4 @@
-//! Every class of bad input in the README's "Reliability" table, one row
+//! Every class of bad input in docs/reliability.md's "Bad input" table, one row
 //! each: the answer is an OpenAI-shaped 4xx with a useful message (and
 //! `param` where one applies), the stored history of the session is the
 //! same afterwards, and the next request on that session still works.

@@ -264,7 +264,7 @@ impl Drop for Process {
 }
 
 /// The process runs without transparent huge pages unless
-/// `MIMALLOC_ALLOW_THP` says otherwise (BENCHMARKS.md item 45), whatever
+/// `MIMALLOC_ALLOW_THP` says otherwise (docs/perf-journal.md item 45), whatever
 /// the host's mode. The kernel shows it as `THP_enabled` (Linux 6.x): 0
 /// by default, and with the variable set, what this test's own process
 /// has (0 on a kernel without huge pages).

@@ -41,7 +41,7 @@ pub async fn create(
     let (arrival, bytes) = chat::Arrival::read(&app, headers, body).await?;
     let body = chat::parse_body(&bytes)?;
     // By the body's few keys: looking up each of the ten echoed ones cost
-    // a turn about 2.4k instructions more (BENCHMARKS.md, item 42).
+    // a turn about 2.4k instructions more (docs/perf-journal.md, item 42).
     let fields: Map<String, Value> = body
         .iter()
         .filter(|(k, _)| ECHOED.contains(&k.as_str()))

@@ -2,7 +2,7 @@
 //! (`memory::chain`), typed. It is stored as the JSON object it always
 //! was (`metadata.response`), but kept in memory as a struct: as a map it
 //! was 2.4 times a chat turn's memory, allocated key by key and cloned so
-//! when the turn began (BENCHMARKS.md, item 43).
+//! when the turn began (docs/perf-journal.md, item 43).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

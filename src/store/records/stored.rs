@@ -15,7 +15,7 @@ use crate::store::StorageError;
 /// change copies the list of pointers and only the records it changes
 /// (copying every record's strings was 5% to 11% of the CPU of a process
 /// with long-term memory on, at a few hundred records a user:
-/// BENCHMARKS.md, item 47).
+/// docs/perf-journal.md, item 47).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Held {
     pub version: u64,

@@ -81,7 +81,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // message is larger than what a 1 KiB page holds of a key (about 230
     // bytes), so every comparison on the way to an insert read the
     // message's overflow pages (the writer spent a third less CPU per
-    // turn without them, BENCHMARKS.md item 25).
+    // turn without them, docs/perf-journal.md item 25).
     "CREATE TABLE messages_by_rowid (
          id INTEGER PRIMARY KEY,
          session_id TEXT NOT NULL,
