@@ -1,8 +1,10 @@
 //! `GET /ui/sessions/{id}/live`: server-sent events for an open session
 //! page. `reply` carries the reply in flight as its client has received
 //! it so far; `changed` says that something the page shows moved (the
-//! page reloads). The session is looked at a few times a second, from
-//! this task alone: the request path does nothing for the console.
+//! page fetches itself again, replaces the parts that changed and listens
+//! from the new signature). The session is looked at a few times a
+//! second, from this task alone: the request path does nothing for the
+//! console.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -42,7 +42,7 @@ fn render(ctx: &Ctx, configured: &[Message], target: &Target, s: &Seen, tenants:
     let href = session_href(&target.name);
     html! {
         h1 { "Session " span.id { (target.name) } }
-        dl.facts {
+        dl.facts #session-facts {
             @if !s.users.is_empty() { dt { "Users" } dd { @for u in &s.users { a.user-link href=(users_href(&target.name, u, tenants)) { (u) } " " } } }
             dt { "Turns" } dd { (s.turn_id) }
             dt { "Messages held" } dd { (s.messages.len()) }
@@ -59,7 +59,7 @@ fn render(ctx: &Ctx, configured: &[Message], target: &Target, s: &Seen, tenants:
         }
         (before(ctx, configured, &href, s))
         div #stale .note hidden {
-            "The session changed since this page was drawn. "
+            "The session changed since this page was drawn, and you are editing what changed. "
             button #stale-reload type="button" { "Reload" }
         }
         h2 { "Conversation" }
@@ -76,11 +76,28 @@ fn render(ctx: &Ctx, configured: &[Message], target: &Target, s: &Seen, tenants:
 }
 
 /// What every turn sends ahead of the window, in the order it is sent.
+/// `data-version` names its content, so that the live page replaces it
+/// only when it changed (never under a summary being edited).
 fn before(ctx: &Ctx, configured: &[Message], href: &str, s: &Seen) -> Markup {
+    let inner = before_parts(ctx, configured, href, s);
+    let version = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        inner.0.hash(&mut h);
+        h.finish()
+    };
+    html! {
+        details #before open data-version=(version) {
+            summary { "Sent before the conversation" }
+            (inner)
+        }
+    }
+}
+
+fn before_parts(ctx: &Ctx, configured: &[Message], href: &str, s: &Seen) -> Markup {
     let summary = s.remembered.summary.as_ref();
     html! {
-        details #before open {
-            summary { "Sent before the conversation" }
+        {
             @for m in configured { (system("configured", m)) }
             @for m in &s.system_messages { (system("session", m)) }
             @if let Some(note) = &s.remembered.carried {
@@ -133,7 +150,9 @@ fn entry(e: &Entry<'_>) -> Markup {
         },
         Entry::Message(m) => message(m),
         Entry::Replaced { why, messages } => html! {
-            details.superseded {
+            // Keyed by its first message, so that a group the reader opened
+            // stays open when the live page replaces the transcript.
+            details.superseded data-key=(messages.first().map_or(0, |m| m.seq)) {
                 summary { (why) " (" (messages.len()) @if messages.len() == 1 { " message)" } @else { " messages)" } }
                 @for m in messages { (message(m)) }
             }

@@ -503,6 +503,72 @@ async fn the_live_stream_sends_the_reply_as_it_grows_then_a_change() {
     assert!(page.contains(r#"data-action="/ui/sessions/s-live/interrupt" disabled"#));
 }
 
+/// The parts the live page replaces in place name what they hold: the
+/// part before the conversation a version that moves only with its
+/// content (so that a summary being typed is left alone when nothing in
+/// it changed), a superseded group the message it begins with (so that a
+/// group the reader opened stays open).
+#[tokio::test]
+async fn the_live_pages_parts_name_their_content() {
+    let h = console("").await;
+    let b = Browser::new(&h);
+    h.say("parts", "My name is Ada.").await;
+    let version =
+        |page: &str| between(page, r#"<details id="before" open data-version=""#, "\"").to_owned();
+    let first = b.get("/ui/sessions/parts").await.body;
+    assert!(
+        first.contains(r#"<dl class="facts" id="session-facts">"#),
+        "{first}"
+    );
+    h.say("parts", "I live in Paris.").await;
+    let second = b.get("/ui/sessions/parts").await.body;
+    assert!(!version(&first).is_empty());
+    assert_eq!(
+        version(&first),
+        version(&second),
+        "a new turn moved the part before it"
+    );
+    let (status, _) = h
+        .api(
+            Method::PUT,
+            "/v1/sessions/parts/summary",
+            Some(json!({"summary": "Ada lives in Paris."})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let third = b.get("/ui/sessions/parts").await.body;
+    assert_ne!(
+        version(&second),
+        version(&third),
+        "a new summary left its version"
+    );
+    // The client regenerates the last reply (the same history again).
+    let history = h.history("parts").await.1["contents"].clone();
+    let mut resent: Vec<Value> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| json!({"role": m["role"], "content": m["content"]}))
+        .collect();
+    resent.pop();
+    h.upstream.push(completion("Another answer."));
+    let (status, body) = h
+        .chat(Some("parts"), json!({"model": "m", "messages": resent}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let fourth = b.get("/ui/sessions/parts").await.body;
+    // Keyed by the message it begins with.
+    let group = r#"<details class="superseded" data-key=""#;
+    assert!(fourth.contains(group), "{fourth}");
+    let key = between(&fourth, group, "\"");
+    let first_inside = between(
+        &fourth[fourth.find(group).unwrap()..],
+        r#"data-seq=""#,
+        "\"",
+    );
+    assert_eq!(key, first_inside, "{fourth}");
+}
+
 #[tokio::test]
 async fn the_summary_can_be_edited_and_the_user_page_deletes_records_and_forgets() {
     let h = console(&format!(

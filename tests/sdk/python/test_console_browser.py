@@ -3,9 +3,12 @@ Selenium (browser.py), in front of the real recall binary on its built-in
 mock upstream (mock://echo, a word every 100 ms).
 
 - A streaming reply shows live on the session page and grows; the page's
-  Interrupt button cuts it off; the page then shows the cut reply as what
-  was heard, a "cut off here" marker and the unheard rest of the original,
-  and the history API has `metadata.interrupted`.
+  Interrupt button cuts it off; the page then shows, in place (it never
+  reloads), the cut reply as what was heard, a "cut off here" marker and
+  the unheard rest of the original, and the history API has
+  `metadata.interrupted`.
+- A new message and a superseded reply appear on an open session page in
+  place: its scroll, the summary being typed and an opened group stay.
 - Message text is escaped: markup in a message shows as text, runs nothing
   and adds no element.
 - With an admin token, the console asks for it: a wrong one is refused
@@ -260,7 +263,6 @@ def test_live_stream_then_interrupt(console, driver, shots, capsys):
     assert button[0].is_enabled(), "button#interrupt is disabled while a reply streams"
     assert streamer.is_alive() and not streamer.done, "the reply ended before the interrupt"
     driver.execute_script("window.__recallBeforeInterrupt = true")
-    clicked_at = time.monotonic()
     button[0].click()
 
     # The client's stream ends at the cut, without [DONE].
@@ -270,22 +272,16 @@ def test_live_stream_then_interrupt(console, driver, shots, capsys):
     assert not streamer.done, "the client's stream ended with [DONE]: the reply was not cut"
     assert streamer.text and norm(FULL_ANSWER).startswith(norm(streamer.text)), streamer.text
 
-    # The page notices the cut by itself (it reloads when the session
-    # changes): no reload from here for the first 8 s.
-    def noticed():
-        reloaded = not driver.execute_script("return window.__recallBeforeInterrupt === true")
-        return reloaded or css(driver, "#transcript .msg.interrupted")
-
-    wait_for(noticed, 8, "the session page to reload itself (or show the cut reply) after the interrupt")
-
-    # The drain then fills in the original (a few more seconds of the
-    # mock). The page may show it by itself; from 6 s after the click on,
-    # it is reloaded from here every 2 s, up to 20 s.
-    last_reload = time.monotonic()
+    # The page shows the cut by itself, in place: no reload, from the
+    # page or from here.
+    reloaded = lambda: not driver.execute_script("return window.__recallBeforeInterrupt === true")
     last_seen = "no #transcript .msg.interrupted"
 
+    # Then the drain fills in the original (a few more seconds of the
+    # mock), which the page shows in place too.
     def cut_reply():
-        nonlocal last_reload, last_seen
+        nonlocal last_seen
+        assert not reloaded(), "the session page reloaded itself instead of updating in place"
         msgs = css(driver, "#transcript .msg.interrupted")
         if msgs:
             m = msgs[-1]
@@ -294,10 +290,6 @@ def test_live_stream_then_interrupt(console, driver, shots, capsys):
             last_seen = "heard {!r}, cut-marker {!r}, unheard {!r}".format(*texts)
             if all(parts) and texts[2].strip() and squash(texts[0] + texts[2]) == squash(FULL_ANSWER):
                 return m, parts[0][0], parts[1][0], parts[2][0]
-        now = time.monotonic()
-        if now - clicked_at > 6 and now - last_reload > 2:
-            last_reload = now
-            driver.refresh()
         return None
 
     try:
@@ -307,6 +299,7 @@ def test_live_stream_then_interrupt(console, driver, shots, capsys):
     except AssertionError as e:
         raise AssertionError(f"{e}\n  last seen: {last_seen}\n  answer: {FULL_ANSWER!r}") from None
     no_alert(driver)
+    assert not reloaded(), "the session page reloaded itself instead of updating in place"
     assert "role-assistant" in (m.get_dom_attribute("class") or "").split(), \
         f"the cut reply's classes: {m.get_dom_attribute('class')!r}"
     heard_text, unheard_text, marker_text = heard.text, unheard.text, marker.text
@@ -337,6 +330,68 @@ def test_live_stream_then_interrupt(console, driver, shots, capsys):
         f"the page's heard part {heard_text!r} is not the stored content {replies[-1]['content']!r}"
 
     save(driver, shots, "session.png", capsys)
+
+
+def test_session_page_updates_in_place(console, driver):
+    """An open session page shows a new message and a superseded reply by
+    itself, without reloading: it keeps the reader's scroll,
+    the summary they are typing, and the group of superseded messages they
+    opened."""
+    base, sid = console.recall_url, "browser-in-place"
+    for i in range(6):
+        chat(base, sid, f"Message number {i}, long enough to take a line or two of the page.")
+    driver.set_window_size(1000, 500)
+    driver.get(f"{base}/ui/sessions/{sid}")
+    assert css(driver, "#transcript"), "no #transcript on the session page"
+    driver.execute_script("window.__recallNotReloaded = true")
+    not_reloaded = lambda: driver.execute_script("return window.__recallNotReloaded === true")
+    typed = "typed here, not saved"
+    area = css(driver, "form#summary-form textarea[name=summary]")
+    assert area, "no form#summary-form textarea"
+    area[0].send_keys(typed)
+    driver.execute_script("window.scrollTo(0, 250)")
+    y = driver.execute_script("return window.scrollY")
+    assert y > 0, "the page is too short to scroll"
+
+    def contents():
+        return [e.text for e in css(driver, "#transcript .msg .content")]
+
+    # A new message.
+    chat(base, sid, "A new message arrives.")
+    wait_for(lambda: any(t.strip() == "A new message arrives." for t in contents()), 10,
+             "the new message on the open session page")
+    assert not_reloaded(), "the page reloaded to show the new message"
+    area = css(driver, "form#summary-form textarea[name=summary]")
+    assert area and area[0].get_property("value").endswith(typed), \
+        f"the summary being typed was lost: {area[0].get_property('value')!r}"
+    assert abs(driver.execute_script("return window.scrollY") - y) <= 2, "the page lost its scroll"
+    assert not css(driver, "#stale") or not css(driver, "#stale")[0].is_displayed(), \
+        "the stale note shows although nothing being edited changed"
+
+    # The client regenerates the last reply (the same history again): the
+    # reply it replaces is superseded, shown in a closed group.
+    status, history = console.history(sid)
+    assert status == 200, history
+    resent = [{"role": m["role"], "content": m["content"]} for m in history["contents"]][:-1]
+    r = httpx.post(f"{base}/v1/chat/completions", headers={"x-session-id": sid},
+                   json={"model": "gpt-4o-mini", "messages": resent}, timeout=30)
+    assert r.status_code == 200, r.text
+    wait_for(lambda: css(driver, "#transcript details.superseded"), 10,
+             "the superseded reply on the open session page")
+    assert not_reloaded(), "the page reloaded to show the superseded reply"
+    group = css(driver, "#transcript details.superseded")[-1]
+    group.find_element(By.CSS_SELECTOR, "summary").click()
+    assert group.get_property("open"), "the superseded group did not open"
+
+    # One more change: the opened group stays open, the typing stays.
+    chat(base, sid, "And one more.")
+    wait_for(lambda: any(t.strip() == "And one more." for t in contents()), 10,
+             "the next message on the open session page")
+    assert not_reloaded(), "the page reloaded to show the next message"
+    groups = css(driver, "#transcript details.superseded")
+    assert groups and groups[-1].get_property("open"), "the group the reader opened closed"
+    area = css(driver, "form#summary-form textarea[name=summary]")
+    assert area and area[0].get_property("value").endswith(typed), "the summary being typed was lost"
 
 
 def test_message_text_is_escaped(console, driver):
