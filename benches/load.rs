@@ -421,7 +421,7 @@ async fn launch_on(
     }
 }
 
-/// Issue 21's scale goal: the cost of a turn with 1,000,000 sessions held
+/// The scale goal: the cost of a turn with 1,000,000 sessions held
 /// against 1,000, in one process (memory backend), alternating rounds;
 /// and the RSS per session. Each session holds 2 messages of 200
 /// characters, so that a million fit this machine.

@@ -1,4 +1,4 @@
-//! `[long_term]`: long-term memory per user (seed 002). Facts extracted
+//! `[long_term]`: long-term memory per user. Facts extracted
 //! from conversations in the background, stored with embeddings, and
 //! recalled by meaning into later turns and sessions.
 

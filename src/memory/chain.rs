@@ -1,4 +1,4 @@
-//! Responses in a session's history (issue 17). A response is kept as a
+//! Responses in a session's history. A response is kept as a
 //! mark on the first message of its input (`metadata.response`: its key,
 //! the last part of its id; how many input messages it has; and what the
 //! Response echoes), so it

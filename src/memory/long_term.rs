@@ -1,4 +1,4 @@
-//! Long-term memory per user (seed 002), as plain data: records, what an
+//! Long-term memory per user, as plain data: records, what an
 //! extraction answer holds, similarity, merging a new fact into what is
 //! known, ranking for recall, and which records a full user gives up.
 //! Nothing here calls a model or storage.

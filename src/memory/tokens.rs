@@ -101,8 +101,8 @@ impl Encoding {
     }
 
     /// Whether counting can start without building a tokenizer first.
-    /// Building one takes about 0.2 s and 45 MB (o200k; cl100k half that),
-    /// so it is left to the first request that needs it, not start-up.
+    /// Building one takes a noticeable time and tens of MB, so it is left
+    /// to the first request that needs it, not start-up.
     pub fn is_ready(self) -> bool {
         self.cell().is_none_or(|(cell, _)| cell.get().is_some())
     }

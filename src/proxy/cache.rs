@@ -1,4 +1,4 @@
-//! The exact-match answer cache (seed 004): a user message that repeats an
+//! The exact-match answer cache: a user message that repeats an
 //! earlier one, under the same model and the same instructions, gets the
 //! earlier answer without a call to the upstream.
 //!

@@ -3,9 +3,9 @@
 //!
 //! reqwest was this client before, and is built on the same pieces; its own
 //! layers (request builder, URL handling, redirect policy, timeouts, proxy
-//! matching and body wrapping, on every request) cost about 33,500
-//! instructions a request, a third of a minimal proxy's cost (docs/perf-journal.md
-//! item 26). What of them recall needs is done here once per upstream, or
+//! matching and body wrapping, on every request) cost a large share of a
+//! minimal proxy's instructions a request (docs/perf-journal.md, item 26).
+//! What of them recall needs is done here once per upstream, or
 //! once per connection: the TLS roots, ALPN, the proxy and the TCP settings
 //! are reqwest's defaults, so that upstreams and proxies see what they saw.
 //! Redirects are not followed: an API's answer is relayed as it is.

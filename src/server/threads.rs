@@ -3,9 +3,8 @@
 //! relay task and its upstream connection stay on one thread.
 //!
 //! With one runtime of several workers, work stealing moved a request's
-//! tasks between threads: on 2 cores shared with its load, a request cost
-//! 60 µs of CPU instead of 45 µs, the difference being cross-thread wakeups
-//! (BENCHMARKS.md). Here only whole connections cross threads, once: the
+//! tasks between threads, and cross-thread wakeups made each request cost
+//! a good deal more CPU (docs/perf-journal.md, item 11). Here only whole connections cross threads, once: the
 //! first serving thread accepts them all and hands them out in turn,
 //! keeping its own share. One listening socket (not one `SO_REUSEPORT`
 //! socket per thread) keeps "address in use" an error: a second recall on
@@ -17,9 +16,8 @@
 //!
 //! The price, on a machine whose cores the load also needs: a thread that
 //! the OS preempts holds up its own connections, where a shared runtime's
-//! other worker would have taken them. Streaming's p99 gap between chunks
-//! rose from +0.06 to +0.15 ms that way, for a quarter more requests a
-//! second at full load (BENCHMARKS.md).
+//! other worker would have taken them: a longer tail between chunks, for
+//! more requests a second at full load (docs/perf-journal.md, item 11).
 
 use std::cell::Cell;
 use std::io;

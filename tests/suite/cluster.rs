@@ -1,4 +1,4 @@
-//! Two recall replicas on a 3-master Redis Cluster (issue 16, item 4).
+//! Two recall replicas on a 3-master Redis Cluster.
 //! Needs `RECALL_TEST_REDIS_CLUSTER_URL` (`redis+cluster://host:port,...`);
 //! `.ci/run` starts a cluster for it. On the key layout before hash tags
 //! every session's write fails with CROSSSLOT, and so do these tests.

@@ -1,4 +1,4 @@
-//! Redis Cluster failover under two recall replicas (issue 52): a forced
+//! Redis Cluster failover under two recall replicas: a forced
 //! failover of a replica that lags behind its master, a master killed
 //! (-9), a master paused. Each test starts its own 6-node cluster (3
 //! masters with a replica each, AOF on) and drives sessions' turns on

@@ -1,4 +1,4 @@
-//! Long-term memory per user (seed 002): facts told in one session are
+//! Long-term memory per user: facts told in one session are
 //! extracted in the background, stored with embeddings, and recalled by
 //! meaning into a later session when relevant, never delaying a turn. The
 //! scripted mock is the extract model (`EXTRACTOR`) and the embedding model

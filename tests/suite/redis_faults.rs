@@ -1,4 +1,4 @@
-//! Redis itself failing under two recall replicas (issue 16, item 5): a
+//! Redis itself failing under two recall replicas: a
 //! Redis killed and restarted mid-turn, a Redis paused, a Cluster master
 //! failed over. Each test starts its own redis-server(s) on free ports in
 //! a scratch directory, drives sessions' turns with SDK-style retries of a

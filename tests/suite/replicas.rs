@@ -278,7 +278,7 @@ fn tally(hook: &WebhookReceiver) -> (usize, std::collections::BTreeMap<String, u
     (duplicates, per)
 }
 
-/// Issue 16, item 3: replicas that start while another is sending kept
+/// Replicas that start while another is sending kept
 /// events (its own ends', and an earlier run's) do not send them again.
 /// Each replica reads every kept event at start; only the holder of an
 /// event's claim sends it, and the others wait for it to go.

@@ -19,7 +19,7 @@ use crate::memory::long_term::{self as lt, Record};
 use crate::memory::session::ExtractNow;
 use crate::server::app::App;
 
-/// The bounds seed 002 sets on a search.
+/// The bounds on a search's `limit`.
 const LIMITS: std::ops::RangeInclusive<u64> = 5..=200;
 
 fn record_json(user: &str, r: &Record) -> Value {

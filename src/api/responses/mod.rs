@@ -1,5 +1,5 @@
 //! The Responses and Conversations APIs over any chat-completions
-//! upstream (issue 17), on the chat path:
+//! upstream, on the chat path:
 //! - `create`: `POST /v1/responses`; `read`: `GET`/`DELETE` and
 //!   `input_items`; `conversations`: conversations as sessions;
 //! - `request`: a Responses request body as a chat request body, and what

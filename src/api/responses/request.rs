@@ -1,5 +1,5 @@
 //! A `POST /v1/responses` body as a chat request body, for the same path
-//! a chat request takes (issue 17). Pure: what the Responses API keeps
+//! a chat request takes. Pure: what the Responses API keeps
 //! between requests (`previous_response_id`, `conversation`, `store`) is
 //! handed back for the caller to act on.
 //!

@@ -1,4 +1,4 @@
-//! A chat completion as a Response object (issue 17). Pure: the ids and
+//! A chat completion as a Response object. Pure: the ids and
 //! the request's echoed fields come in, the Response goes out.
 
 use serde::Serialize;

@@ -1,4 +1,4 @@
-//! A Response's `usage`, from chat's (issue 17). Pure.
+//! A Response's `usage`, from chat's. Pure.
 
 use serde::Serialize;
 use serde_json::Value;

@@ -57,8 +57,8 @@ pub async fn append(
     ))
 }
 
-/// `DELETE /v1/sessions/{id}/history`: clears the history (seed 003's
-/// reset); the session and its system messages stay.
+/// `DELETE /v1/sessions/{id}/history`: clears the history (a reset);
+/// the session and its system messages stay.
 pub async fn clear_history(
     State(app): State<Arc<App>>,
     target: Target,

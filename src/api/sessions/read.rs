@@ -98,7 +98,7 @@ pub struct HistoryQuery {
 
 /// `GET /v1/sessions/{id}/history[?format=openai|text][&limit=N]
 /// [&include_superseded=true]`: the stored messages, oldest first, with all
-/// their fields (seed 000's shape), or only OpenAI's fields, ready to pass
+/// their fields (the extension fields too), or only OpenAI's fields, ready to pass
 /// to a model, or as one text (`USER: ...`, `memory::text`). Messages a regenerate, an edit or a retry superseded are
 /// left out unless asked for, and always from the OpenAI and text forms.
 pub async fn history(
@@ -140,7 +140,7 @@ pub async fn history(
         return Ok(text_response(crate::memory::text::transcript(newest)));
     }
     // Written straight from the messages, so that their fields keep their
-    // order (role first), as seed 000 shows them.
+    // order (role first), as the README shows them.
     let body = if openai {
         let contents: Vec<Value> = newest.iter().map(|m| m.to_openai()).collect();
         serde_json::to_vec(&HistoryBody {

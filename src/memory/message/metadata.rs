@@ -1,4 +1,4 @@
-//! A message's `metadata`: seed 000's free-form map, stored compactly.
+//! A message's `metadata`: a free-form map, stored compactly.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -1,5 +1,5 @@
 //! The stored message: OpenAI's chat message plus the conversational
-//! extensions of seed 000 (`turn_id`, `timestamp`, `metadata`).
+//! extensions (`turn_id`, `timestamp`, `metadata`).
 //!
 //! Fields nobody here knows about are kept, so that vendor "custom" can
 //! forward everything a client sent.

@@ -148,8 +148,8 @@ impl Session {
 
     /// Appends messages without calling the model: a greeting, an
     /// operator's command, a silence reminder. An assistant message with
-    /// no `metadata.source` is a `command`, as seed 000 names messages
-    /// made through an API call.
+    /// no `metadata.source` is a `command`: a message made
+    /// through an API call.
     pub fn append_messages(
         &self,
         policy: &Policy,

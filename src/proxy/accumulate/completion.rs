@@ -116,8 +116,9 @@ impl<'de> Visitor<'de> for Wanted {
 /// Choice 0 of a non-streaming completion body: its assistant message and
 /// its `finish_reason`, and, if asked (`parts`), where the body's parts
 /// are. Parsed straight
-/// from the bytes: a `Value` tree of the whole body was 3% of the proxy's
-/// CPU at full load, and one of the message half the time this takes.
+/// from the bytes: a `Value` tree of the whole body showed in the proxy's
+/// profile at full load, and one of the message alone took longer than
+/// this reading.
 pub fn completion_read(body: &[u8], parts: bool) -> Option<CompletionRead> {
     // Parts a raw reading refuses (text that is not UTF-8) do not make the
     // answer unusable: chat's record takes it, without them.

@@ -2,7 +2,7 @@
 //! history, then every other field of the client's body, rewritten for the
 //! upstream's vendor mode.
 //!
-//! Vendor "custom" receives everything (as seed 000's custom example shows):
+//! Vendor "custom" receives everything:
 //! each message with its `turn_id`, `timestamp` and `metadata`, and the
 //! body with top-level `turn_id`, `timestamp` and `interruptable`. Any other
 //! vendor receives only what OpenAI's API accepts.

@@ -13,9 +13,8 @@ use crate::store::StorageError;
 /// were last all forgotten (0 never). Records are in id order on every
 /// backend (`touched` finds them by binary search). Each is shared: a
 /// change copies the list of pointers and only the records it changes
-/// (copying every record's strings was 5% to 11% of the CPU of a process
-/// with long-term memory on, at a few hundred records a user:
-/// docs/perf-journal.md, item 47).
+/// (copying every record's strings was a measurable share of a process's
+/// CPU with long-term memory on: docs/perf-journal.md, item 47).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Held {
     pub version: u64,

@@ -6,8 +6,8 @@ use super::super::{Meta, StorageError};
 
 /// Pages of a new database. A turn dirties a handful of pages (a message
 /// leaf, the session's row, its place in the activity index), each
-/// written whole to the WAL and again by the checkpoint; at 1 KiB rather
-/// than SQLite's 4 KiB a turn wrote 15 KB instead of 38 KB.
+/// written whole to the WAL and again by the checkpoint, so smaller pages
+/// than SQLite's 4 KiB write less a turn (docs/perf-journal.md, item 25).
 pub(super) const PAGE_SIZE: i64 = 1024;
 
 /// Schema versions, applied in order; `PRAGMA user_version` says how many
@@ -80,8 +80,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // WITHOUT ROWID kept each whole message in its key's b-tree, and a
     // message is larger than what a 1 KiB page holds of a key (about 230
     // bytes), so every comparison on the way to an insert read the
-    // message's overflow pages (the writer spent a third less CPU per
-    // turn without them, docs/perf-journal.md item 25).
+    // message's overflow pages (docs/perf-journal.md item 25).
     "CREATE TABLE messages_by_rowid (
          id INTEGER PRIMARY KEY,
          session_id TEXT NOT NULL,
