@@ -20,20 +20,22 @@ WORKDIR /src
 # benches and of the example in benches/ are there because cargo wants
 # every target the manifest declares to exist.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src benches \
+COPY crates/recall-core/Cargo.toml ./crates/recall-core/
+RUN mkdir -p src benches crates/recall-core/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
+    && touch src/lib.rs crates/recall-core/src/lib.rs \
     && echo 'fn main() {}' > benches/load.rs \
     && echo 'fn main() {}' > benches/pure.rs \
     && echo 'fn main() {}' > benches/naive_hop.rs \
     && cargo build --release --locked --bin recall \
-    && rm -rf src benches
+    && rm -rf src benches crates/recall-core/src
 
 # Then recall itself. COPY keeps the files' modification times, which can be
 # older than the stub build; the touch makes cargo rebuild the crate.
 COPY src ./src
+COPY crates ./crates
 COPY benches ./benches
-RUN touch src/lib.rs src/main.rs \
+RUN touch src/lib.rs src/main.rs crates/recall-core/src/lib.rs \
     && cargo build --release --locked --bin recall \
     && install -m 0755 target/release/recall /usr/local/bin/recall
 

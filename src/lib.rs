@@ -7,13 +7,11 @@
 //! `reconcile`, `render`, `window`, `turns`, `vendor` and `accumulate` are pure.
 
 pub mod api;
-pub mod clock;
-pub mod config;
+pub use recall_core::{clock, config, json};
 pub mod console;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod json;
 pub mod long_term;
 pub mod memory;
 pub mod metrics;

@@ -1,18 +1,12 @@
-//! Sessions and what they remember: messages, how a request is reconciled
-//! with the history, what the upstream is sent (render, window, tokens),
-//! turns, interruptions, the reply in flight, and how sessions end.
+//! Sessions and what they remember: the plain data and decisions are
+//! `recall_core::memory`'s (re-exported here); this crate adds the state
+//! (a session, the reply in flight) and how sessions end.
 
-pub mod chain;
+pub use recall_core::memory::{
+    chain, interruption, long_term, message, reconcile, render, summary, text, tokens, turns,
+    window,
+};
+
 pub mod inflight;
-pub mod interruption;
 pub mod lifecycle;
-pub mod long_term;
-pub mod message;
-pub mod reconcile;
-pub mod render;
 pub mod session;
-pub mod summary;
-pub mod text;
-pub mod tokens;
-pub mod turns;
-pub mod window;

@@ -7,8 +7,7 @@
 //! a mock reply takes the same path as a real one: the relay, SSE parsing,
 //! interruptions and draining all run unchanged.
 
-pub(crate) mod echo;
-pub mod embed;
+pub use recall_core::exchange::{echo, embed};
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

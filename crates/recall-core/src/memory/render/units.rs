@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use super::{legacy_call, Stored, Unit};
 use crate::config::Roles;
+use crate::exchange::vendor::VendorRules;
 use crate::memory::interruption::{self, is_superseded};
 use crate::memory::message::{Message, Role};
-use crate::proxy::vendor::VendorRules;
 
 /// The history's units as the upstream sees them, newest first.
 pub(super) struct Units<'a, H> {

@@ -44,7 +44,7 @@ impl Config {
             ("session.header", &self.session.header),
             ("session.user_header", &self.session.user_header),
         ] {
-            if axum::http::HeaderName::try_from(name.as_str()).is_err() {
+            if http::HeaderName::try_from(name.as_str()).is_err() {
                 return Err(invalid(key, "is not a valid HTTP header name"));
             }
         }
@@ -201,8 +201,8 @@ impl Config {
                 }
             }
             for (name, value) in &u.headers {
-                if axum::http::HeaderName::try_from(name.as_str()).is_err()
-                    || axum::http::HeaderValue::try_from(value.as_str()).is_err()
+                if http::HeaderName::try_from(name.as_str()).is_err()
+                    || http::HeaderValue::try_from(value.as_str()).is_err()
                 {
                     return Err(invalid(
                         &key(&format!("headers.{name}")),

@@ -22,7 +22,7 @@ fn minimal_config_gets_defaults() {
 
 #[test]
 fn every_config_in_the_config_directory_is_valid() {
-    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/config"));
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../config"));
     let mut seen = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();

@@ -238,7 +238,7 @@ fn fold_to(
 
 /// Whether a fold reads a stored message: not one a regenerate, an edit
 /// or a retry replaced, nor a failure record (the model never said it).
-pub(crate) fn read(m: &Message) -> bool {
+pub fn read(m: &Message) -> bool {
     !is_superseded(m) && !is_failure(m)
 }
 
@@ -279,12 +279,12 @@ pub fn carry_prompt(
 }
 
 /// A message's text as heard, on one line.
-pub(crate) fn said(m: &Message) -> String {
+pub fn said(m: &Message) -> String {
     flat(&text_of(&m.content))
 }
 
 /// A message as one line of the fold: who said it and what was heard.
-pub(crate) fn line(m: &Message) -> String {
+pub fn line(m: &Message) -> String {
     let text = flat(&text_of(&m.content));
     match m.role {
         Role::Assistant if interruption::is_interrupted(m) => {
@@ -305,7 +305,7 @@ pub(crate) fn line(m: &Message) -> String {
 }
 
 /// A message's tool calls, each as `name(arguments)`.
-pub(crate) fn calls(m: &Message) -> Vec<String> {
+pub fn calls(m: &Message) -> Vec<String> {
     m.tool_calls()
         .into_iter()
         .flatten()
@@ -322,7 +322,7 @@ pub(crate) fn calls(m: &Message) -> Vec<String> {
 
 /// The text of a content: a string, or the text parts of an array (other
 /// parts named by their type).
-pub(crate) fn text_of(content: &Value) -> String {
+pub fn text_of(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts

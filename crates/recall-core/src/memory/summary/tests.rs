@@ -176,7 +176,7 @@ fn the_mock_summarizes_what_the_user_stated_when_asked_by_recall() {
             Arc::new(Message::new(Role::User, "What is my name?")),
         ],
     };
-    let first = crate::proxy::mock::echo::reply(&prompt("Summarize.", &fold));
+    let first = crate::exchange::echo::reply(&prompt("Summarize.", &fold));
     assert_eq!(first, "The user said: My name is Ada.");
     let next = Fold {
         previous: Some(Summary {
@@ -189,11 +189,11 @@ fn the_mock_summarizes_what_the_user_stated_when_asked_by_recall() {
         messages: vec![Arc::new(Message::new(Role::User, "I live in Lisbon"))],
         ..fold
     };
-    let second = crate::proxy::mock::echo::reply(&prompt("Summarize.", &next));
+    let second = crate::exchange::echo::reply(&prompt("Summarize.", &next));
     assert_eq!(second, "The user said: My name is Ada; I live in Lisbon.");
-    let note = crate::proxy::mock::echo::reply(&carry_prompt("Note.", Some(&first), &second, 100));
+    let note = crate::exchange::echo::reply(&carry_prompt("Note.", Some(&first), &second, 100));
     assert_eq!(note, "The user said: My name is Ada; I live in Lisbon.");
-    let nothing = crate::proxy::mock::echo::reply(&carry_prompt("Note.", None, "Hello", 100));
+    let nothing = crate::exchange::echo::reply(&carry_prompt("Note.", None, "Hello", 100));
     assert_eq!(nothing, "The user has said nothing to remember yet.");
     // The summary, sent as a second system message, is quoted.
     let messages = [
@@ -201,7 +201,7 @@ fn the_mock_summarizes_what_the_user_stated_when_asked_by_recall() {
         json!({"role": "system", "content": "Summary: Ada."}),
         json!({"role": "user", "content": "Hi"}),
     ];
-    assert!(crate::proxy::mock::echo::reply(&messages).ends_with(" My notes say: Summary: Ada."));
+    assert!(crate::exchange::echo::reply(&messages).ends_with(" My notes say: Summary: Ada."));
 }
 
 #[test]

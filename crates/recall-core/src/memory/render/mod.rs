@@ -32,10 +32,10 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::config::Roles;
+use crate::exchange::vendor::VendorRules;
 use crate::memory::interruption::is_superseded;
 use crate::memory::message::{Message, Role};
 use crate::memory::window::{Limits, TrimReason};
-use crate::proxy::vendor::VendorRules;
 
 mod check;
 #[cfg(test)]
