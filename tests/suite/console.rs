@@ -232,19 +232,7 @@ async fn a_session_page_shows_what_was_heard_what_was_cut_and_what_was_replaced(
         )
         .await;
     assert_eq!(status, 200);
-    let history = h.history("s1").await.1["contents"].clone();
-    let mut resent: Vec<Value> = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| json!({"role": m["role"], "content": m["content"]}))
-        .collect();
-    resent.pop();
-    h.upstream.push(completion("Another answer."));
-    let (status, body) = h
-        .chat(Some("s1"), json!({"model": "m", "messages": resent}))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    regenerate(&h, "s1").await;
 
     let page = b.get("/ui/sessions/s1").await.body;
     assert!(
@@ -503,6 +491,24 @@ async fn the_live_stream_sends_the_reply_as_it_grows_then_a_change() {
     assert!(page.contains(r#"data-action="/ui/sessions/s-live/interrupt" disabled"#));
 }
 
+/// The client regenerates the last reply: the same history again, without
+/// it (answered "Another answer.").
+async fn regenerate(h: &Harness, session: &str) {
+    let history = h.history(session).await.1["contents"].clone();
+    let mut resent: Vec<Value> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| json!({"role": m["role"], "content": m["content"]}))
+        .collect();
+    resent.pop();
+    h.upstream.push(completion("Another answer."));
+    let (status, body) = h
+        .chat(Some(session), json!({"model": "m", "messages": resent}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+}
+
 /// The parts the live page replaces in place name what they hold: the
 /// part before the conversation a version that moves only with its
 /// content (so that a summary being typed is left alone when nothing in
@@ -543,19 +549,7 @@ async fn the_live_pages_parts_name_their_content() {
         "a new summary left its version"
     );
     // The client regenerates the last reply (the same history again).
-    let history = h.history("parts").await.1["contents"].clone();
-    let mut resent: Vec<Value> = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| json!({"role": m["role"], "content": m["content"]}))
-        .collect();
-    resent.pop();
-    h.upstream.push(completion("Another answer."));
-    let (status, body) = h
-        .chat(Some("parts"), json!({"model": "m", "messages": resent}))
-        .await;
-    assert_eq!(status, 200, "{body}");
+    regenerate(&h, "parts").await;
     let fourth = b.get("/ui/sessions/parts").await.body;
     // Keyed by the message it begins with.
     let group = r#"<details class="superseded" data-key=""#;
