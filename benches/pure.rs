@@ -11,7 +11,7 @@ use recall::memory::render::outbound;
 use recall::memory::tokens::Encoding;
 use recall::memory::window::Limits;
 use recall::proxy::accumulate::ReplyAccumulator;
-use recall::proxy::vendor::{rewrite, TurnInfo, VendorRules};
+use recall::proxy::protocol::{Protocol, TurnInfo, Vendor, VendorRules};
 use serde_json::{json, Map, Value};
 
 fn history(n: usize) -> Vec<Message> {
@@ -54,7 +54,7 @@ fn bench_reconcile(c: &mut Criterion) {
 /// Where the window starts, over a history as a session holds it.
 fn window_start(h: &[Arc<Message>], limits: Limits) -> usize {
     let rules = VendorRules {
-        custom: false,
+        mode: Vendor::Openai,
         interruptable: true,
         strip_fields: Vec::new(),
         interrupted: Default::default(),
@@ -141,7 +141,11 @@ fn bench_rewrite(c: &mut Criterion) {
         .unwrap_or_default();
     for custom in [false, true] {
         let rules = VendorRules {
-            custom,
+            mode: if custom {
+                Vendor::Custom
+            } else {
+                Vendor::Openai
+            },
             interruptable: true,
             strip_fields: Vec::new(),
             interrupted: Default::default(),
@@ -155,7 +159,7 @@ fn bench_rewrite(c: &mut Criterion) {
         };
         c.bench_function(name, |b| {
             b.iter(|| {
-                rewrite(
+                Protocol::ChatCompletions.turn_body(
                     &rules,
                     &body,
                     &instructions,

@@ -17,7 +17,7 @@ use crate::memory::render;
 use crate::memory::turns;
 use crate::memory::window::{self, Limits};
 use crate::proxy::accumulate::{self, Event, ReplyAccumulator};
-use crate::proxy::vendor::{self, TurnInfo, VendorRules};
+use crate::proxy::protocol::{Protocol, TurnInfo, Vendor, VendorRules};
 
 /// An upstream's SSE stream, cut into reads the way the network may cut it:
 /// the first byte sets the read size (1 to 64 bytes), the rest is the
@@ -74,7 +74,7 @@ pub fn sse_accumulator(data: &[u8]) {
 /// is split into a stored history and the messages sent now (the split
 /// points come from the input's length, so the fuzzer controls them),
 /// reconciled, stamped, appended, trimmed, windowed and rewritten for the
-/// upstream, as `Session::append` and `vendor::rewrite` do. Before that,
+/// upstream, as `Session::append` and `Protocol::turn_body` do. Before that,
 /// the body's one-pass reading is held equal to its general one.
 pub fn request_reconcile(data: &[u8]) {
     // The one-pass reading takes only bodies the general reading takes,
@@ -150,7 +150,11 @@ pub fn request_reconcile(data: &[u8]) {
 
     for custom in [false, true] {
         let rules = VendorRules {
-            custom,
+            mode: if custom {
+                Vendor::Custom
+            } else {
+                Vendor::Openai
+            },
             interruptable: true,
             strip_fields: vec!["user".into()],
             interrupted: [
@@ -169,18 +173,19 @@ pub fn request_reconcile(data: &[u8]) {
             panic!("a window the upstream would refuse: {e}");
         }
         let body: Map<String, Value> = request.body.clone();
-        let sent = vendor::rewrite(
-            &rules,
-            &body,
-            &instructions,
-            &window.messages,
-            Some(TurnInfo {
-                turn_id: turn,
-                summary: None,
-            }),
-            3,
-        )
-        .expect("the upstream body serialises");
+        let sent = Protocol::ChatCompletions
+            .turn_body(
+                &rules,
+                &body,
+                &instructions,
+                &window.messages,
+                Some(TurnInfo {
+                    turn_id: turn,
+                    summary: None,
+                }),
+                3,
+            )
+            .expect("the upstream body serialises");
         // What goes upstream is JSON that an OpenAI-compatible server (or
         // recall itself) can parse back.
         serde_json::from_slice::<Value>(&sent).expect("the upstream body parses back");

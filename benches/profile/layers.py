@@ -13,10 +13,10 @@ import collections
 import re
 import sys
 
-# Nearest the leaf first: a serde_json frame under vendor::rewrite is the
+# Nearest the leaf first: a serde_json frame under the chat body writer is the
 # rewrite's, a malloc under reqwest is reqwest's.
 LAYERS = [
-    ("vendor rewrite (upstream body)", r"recall::proxy::vendor|openai_fields"),
+    ("vendor rewrite (upstream body)", r"recall_core::exchange::protocol|recall::proxy::vendor|openai_fields"),
     ("render + window", r"recall::memory::(render|window)|Units<"),
     ("session, reconcile, record", r"recall::memory::"),
     ("storage queue", r"recall::store"),

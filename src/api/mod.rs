@@ -8,6 +8,7 @@ mod models;
 pub mod observe;
 pub mod responses;
 pub(crate) mod sessions;
+pub(crate) mod turn;
 
 use std::sync::Arc;
 use std::time::Duration;

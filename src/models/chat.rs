@@ -177,7 +177,7 @@ pub(super) async fn call(
     let _slot = super::background::slot(upstream).await?;
     let body = body.to_string().into();
     let resp = match path {
-        None => upstream.send_chat(&HeaderMap::new(), body).await?,
+        None => upstream.send_turn(&HeaderMap::new(), body).await?,
         Some(path) => {
             let headers = HeaderMap::new();
             upstream

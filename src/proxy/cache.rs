@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::config::{CacheConfig, CacheScope};
 use crate::memory::message::Message;
@@ -130,49 +130,12 @@ impl AnswerCache {
     }
 }
 
-/// A cached answer as a chat.completion body.
-pub fn completion_body(model: &str, text: &str, created: i64) -> Value {
-    json!({
-        "id": format!("chatcmpl-recall-{created}"),
-        "object": "chat.completion",
-        "created": created / 1000,
-        "model": model,
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": text, "refusal": null}}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-    })
-}
-
-/// A cached answer as the SSE stream a streaming client expects.
-pub fn sse_body(model: &str, text: &str, created: i64, include_usage: bool) -> String {
-    let chunk = |delta: Value, finish: Value| {
-        json!({"id": format!("chatcmpl-recall-{created}"), "object": "chat.completion.chunk",
-               "created": created / 1000, "model": model,
-               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-    };
-    let mut out = String::new();
-    for event in [
-        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-        chunk(json!({"content": text}), Value::Null),
-        chunk(json!({}), json!("stop")),
-    ] {
-        out.push_str(&format!("data: {event}\n\n"));
-    }
-    if include_usage {
-        let usage = json!({"id": format!("chatcmpl-recall-{created}"), "object": "chat.completion.chunk",
-                           "created": created / 1000, "model": model, "choices": [],
-                           "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}});
-        out.push_str(&format!("data: {usage}\n\n"));
-    }
-    out.push_str("data: [DONE]\n\n");
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::memory::message::Role;
     use crate::proxy::accumulate::ReplyAccumulator;
+    use serde_json::json;
 
     fn cache(scope: CacheScope) -> AnswerCache {
         AnswerCache::new(&CacheConfig {
@@ -252,7 +215,9 @@ mod tests {
     fn the_sse_form_accumulates_to_the_answer() {
         let mut acc = ReplyAccumulator::default();
         let mut parser = sse_parse::SseParser::new();
-        parser.feed(sse_body("m", "9 to 5", 1000, true).as_bytes());
+        let given = crate::proxy::protocol::Protocol::ChatCompletions
+            .given_stream("m", "9 to 5", 1000, true);
+        parser.feed(given.as_bytes());
         while let Some(e) = parser.next_event() {
             acc.push_data(&e.data);
         }

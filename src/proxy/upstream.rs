@@ -19,7 +19,7 @@ use crate::proxy::cut::Cut;
 use crate::proxy::gate::{Gate, Slot};
 use crate::proxy::idle::IdleLimit;
 use crate::proxy::mock::{MockServer, Pace};
-use crate::proxy::vendor::VendorRules;
+use crate::proxy::protocol::{Protocol, VendorRules};
 
 /// Request headers a client sets that the upstream must see.
 const FORWARDED_REQUEST_HEADERS: [HeaderName; 3] = [
@@ -30,13 +30,16 @@ const FORWARDED_REQUEST_HEADERS: [HeaderName; 3] = [
 
 pub struct Upstream {
     pub name: String,
+    /// What the upstream speaks: the turn's path, body and answer shapes.
+    pub protocol: Protocol,
     pub rules: VendorRules,
     /// Where a call that fails before its first byte is made once more.
     pub fallback: Option<String>,
     base_url: String,
-    /// `{base_url}/chat/completions`, parsed once: parsing it per request
-    /// (IDNA and all) showed in the proxy's profile at full load.
-    chat_url: Uri,
+    /// Where a turn goes (`{base_url}` and the protocol's path), parsed
+    /// once: parsing it per request (IDNA and all) showed in the proxy's
+    /// profile at full load.
+    turn_url: Uri,
     /// `Bearer {key}`, marked sensitive so that it is never logged.
     authorization: Option<HeaderValue>,
     /// Basic credentials written into `base_url` (`https://user:pass@...`),
@@ -121,8 +124,10 @@ impl Upstream {
             Some(server) => server.base_url(),
             None => c.base_url.trim_end_matches('/').to_owned(),
         };
-        let (chat_url, url_authorization) = request_uri(&format!("{base_url}/chat/completions"))
-            .map_err(|e| fail(format!("base_url: {e}")))?;
+        let protocol = Protocol::of(c);
+        let (turn_url, url_authorization) =
+            request_uri(&format!("{base_url}{}", protocol.turn_path()))
+                .map_err(|e| fail(format!("base_url: {e}")))?;
         // What reqwest added to every request unless it was set.
         headers
             .entry(USER_AGENT)
@@ -130,15 +135,15 @@ impl Upstream {
         headers
             .entry(ACCEPT)
             .or_insert(HeaderValue::from_static("*/*"));
-        if let Some(auth) = settings.forward_authorization(&chat_url) {
+        if let Some(auth) = settings.forward_authorization(&turn_url) {
             headers.entry(PROXY_AUTHORIZATION).or_insert(auth);
         }
         // hyper's client writes it on every HTTP/1 request that has none
         // (a `format!` for a port); every URI here has `base_url`'s
         // authority. Plain http only: over TLS the upstream may choose
         // HTTP/2, where hyper sends `:authority` and no `host`.
-        if chat_url.scheme_str() == Some("http") {
-            if let Some(host) = host_header(&chat_url) {
+        if turn_url.scheme_str() == Some("http") {
+            if let Some(host) = host_header(&turn_url) {
                 headers.entry(HOST).or_insert(host);
             }
         }
@@ -147,10 +152,11 @@ impl Upstream {
         }
         Ok(Self {
             name: c.name.clone(),
+            protocol,
             rules: VendorRules::from_config(c),
             fallback: c.fallback.clone(),
             base_url,
-            chat_url,
+            turn_url,
             authorization,
             url_authorization,
             patterns: c.models.iter().map(|p| WildMatch::new(p)).collect(),
@@ -239,13 +245,14 @@ impl Upstream {
         self.send_to(method, &uri, client_headers, body).await
     }
 
-    /// Sends a chat completion request and waits for the response headers.
-    pub async fn send_chat(
+    /// Sends a turn (a body `protocol.turn_body` wrote) and waits for the
+    /// response headers.
+    pub async fn send_turn(
         &self,
         client_headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response, UpstreamError> {
-        self.send_to(Method::POST, &self.chat_url, client_headers, Some(body))
+        self.send_to(Method::POST, &self.turn_url, client_headers, Some(body))
             .await
     }
 
@@ -552,7 +559,7 @@ mod tests {
             let config: UpstreamConfig =
                 toml::from_str(&format!("name = \"u\"\nbase_url = \"{base}\"\n")).unwrap();
             let ours = Upstream::start(&config, 1).await.unwrap();
-            ours.send_chat(&HeaderMap::new(), Bytes::from_static(b"{}"))
+            ours.send_turn(&HeaderMap::new(), Bytes::from_static(b"{}"))
                 .await
                 .unwrap();
             let ours = rx.recv().await.unwrap();

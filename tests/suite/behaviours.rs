@@ -26,7 +26,7 @@ use recall::memory::session::{Joins, Policy, Reply, Session, Store, TurnRequest}
 use recall::memory::tokens::Encoding;
 use recall::memory::window::Limits;
 use recall::metrics::Metrics;
-use recall::proxy::vendor::VendorRules;
+use recall::proxy::protocol::{Vendor, VendorRules};
 use recall::store::Storage;
 use recall::webhook::LogOnly;
 use serde_json::{json, Value};
@@ -366,7 +366,11 @@ impl World {
 
 fn rules(interrupted: InterruptedRendering, roles: Roles, custom: bool) -> VendorRules {
     VendorRules {
-        custom,
+        mode: if custom {
+            Vendor::Custom
+        } else {
+            Vendor::Openai
+        },
         interruptable: true,
         strip_fields: Vec::new(),
         interrupted,

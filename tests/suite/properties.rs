@@ -21,7 +21,7 @@ use recall::memory::render::{check, outbound, outbound_reaching, Reach};
 use recall::memory::summary::{fold, Due, Remembered, Summary};
 use recall::memory::tokens::Encoding;
 use recall::memory::window::{keep_start, keep_start_bytes, Limits};
-use recall::proxy::vendor::VendorRules;
+use recall::proxy::protocol::{Vendor, VendorRules};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -156,7 +156,11 @@ fn rules() -> impl Strategy<Value = VendorRules> {
         any::<bool>(),
     )
         .prop_map(|(custom, interrupted, alternate)| VendorRules {
-            custom,
+            mode: if custom {
+                Vendor::Custom
+            } else {
+                Vendor::Openai
+            },
             interruptable: true,
             strip_fields: Vec::new(),
             interrupted,
@@ -228,7 +232,7 @@ proptest! {
         }
         // The limits hold on what is sent, unless all of it is the part
         // that is always sent (the newest user message and what follows).
-        let (n, chars, tokens) = sent_cost(&sent.messages, r.custom, l.encoding);
+        let (n, chars, tokens) = sent_cost(&sent.messages, r.sends_extensions(), l.encoding);
         let within = (l.messages == 0 || n <= l.messages)
             && (l.chars == 0 || chars <= l.chars)
             && (l.tokens == 0 || tokens <= l.tokens);

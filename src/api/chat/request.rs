@@ -13,7 +13,7 @@ use crate::memory::session;
 use crate::server::app::App;
 
 /// The official SDKs number their retries in `x-stainless-retry-count`.
-pub(super) fn retrying(headers: &HeaderMap) -> bool {
+pub(crate) fn retrying(headers: &HeaderMap) -> bool {
     headers
         .get("x-stainless-retry-count")
         .and_then(|v| v.to_str().ok())
@@ -22,7 +22,7 @@ pub(super) fn retrying(headers: &HeaderMap) -> bool {
 }
 
 /// A client that sends the same `Idempotency-Key` again retries.
-pub(super) fn idempotency_key(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Option<&str> {
     headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -31,23 +31,23 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Option<&str> {
 
 /// Seed 000's `metadata.user`: who said each user message, unless the
 /// client already said.
-pub(super) fn label_user(conversation: &mut [Message], user: &str) {
+pub(crate) fn label_user(conversation: &mut [Message], user: &str) {
     for m in conversation.iter_mut().filter(|m| m.role == "user") {
         m.metadata_mut()
             .insert_default("user", || Value::String(user.to_owned()));
     }
 }
 
-pub(super) const CACHE_HEADER: &str = "x-recall-cache";
+pub(crate) const CACHE_HEADER: &str = "x-recall-cache";
 
-pub(super) fn bypass_cache(headers: &HeaderMap) -> bool {
+pub(crate) fn bypass_cache(headers: &HeaderMap) -> bool {
     headers
         .get(CACHE_HEADER)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"bypass"))
 }
 
 /// The user speaking, from the configured user header.
-pub(super) fn user_id(app: &App, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+pub(crate) fn user_id(app: &App, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let header = &app.config.session.user_header;
     match headers.get(header.as_str()) {
         Some(v) => match v.to_str() {
@@ -71,7 +71,7 @@ pub(super) fn user_id(app: &App, headers: &HeaderMap) -> Result<Option<String>, 
 /// be refused has been, before any state is touched.
 #[derive(Debug, PartialEq)]
 pub struct ChatRequest {
-    /// The body without `messages` (taken out; `vendor::rewrite` writes the
+    /// The body without `messages` (taken out; `Protocol::turn_body` writes the
     /// new list in its place).
     pub body: Map<String, Value>,
     pub messages: Vec<Message>,
@@ -135,7 +135,7 @@ pub(crate) fn request_with(
 ) -> Result<ChatRequest, ApiError> {
     count(messages.len(), max_messages)?;
     let messages = check_messages(messages)?;
-    // Where `request_of` leaves it, for `vendor::rewrite` to fill.
+    // Where `request_of` leaves it, for `Protocol::turn_body` to fill.
     body.insert("messages".into(), Value::Array(Vec::new()));
     Ok(ChatRequest { body, messages })
 }
@@ -164,7 +164,7 @@ fn count(len: usize, max_messages: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Takes `messages` out of the body; `vendor::rewrite` writes the new list
+/// Takes `messages` out of the body; `Protocol::turn_body` writes the new list
 /// in the same place.
 fn take_messages(
     body: &mut Map<String, Value>,

@@ -30,7 +30,7 @@ use crate::memory::session::{Applied, FoldNow, Refused, Session};
 use crate::memory::summary::{self, Fold, Folded, Remembered};
 use crate::memory::tokens::Encoding;
 use crate::memory::window::Limits;
-use crate::proxy::vendor::VendorRules;
+use crate::proxy::protocol::VendorRules;
 use crate::server::app::App;
 use crate::store::Wait;
 use crate::summarizer::Summarizer;

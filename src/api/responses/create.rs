@@ -19,8 +19,9 @@ use super::ids;
 use super::request::translate;
 use super::response::{Echo, ECHOED};
 use crate::api::auth::Access;
-use crate::api::chat::{self, Joining, Target, Turn};
+use crate::api::chat;
 use crate::api::observe::ServedBy;
+use crate::api::turn::{self, Arrival, Joining, Target, Turn};
 use crate::api::PathParams;
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::chain;
@@ -38,7 +39,7 @@ pub async fn create(
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     let (axum::http::request::Parts { headers, .. }, body) = request.into_parts();
-    let (arrival, bytes) = chat::Arrival::read(&app, headers, body).await?;
+    let (arrival, bytes) = Arrival::read(&app, headers, body).await?;
     let body = chat::parse_body(&bytes)?;
     // By the body's few keys: looking up each of the ten echoed ones cost
     // a turn about 2.4k instructions more (docs/perf-journal.md, item 42).
@@ -120,7 +121,7 @@ pub async fn create(
         served: served.map(|Extension(s)| s),
         readings: Some(readings.clone()),
     };
-    let ran = chat::run(&app, turn).await?;
+    let ran = turn::run(&app, turn).await?;
     let internal = ran.session.unwrap_or_default();
     let session = access.show(&internal).unwrap_or(&internal);
     let echo = Echo {

@@ -11,7 +11,7 @@ use crate::memory::summary::{self, Due, Fold, Folded, Remembered, Summary};
 use crate::memory::tokens::Encoding;
 use crate::memory::window::Limits;
 use crate::metrics::{Job, JobOutcome};
-use crate::proxy::vendor::VendorRules;
+use crate::proxy::protocol::VendorRules;
 use crate::store::Ticket;
 
 /// What asking for a fold found.

@@ -147,7 +147,7 @@ async fn a_folds_answer_lands_only_where_it_still_holds() {
         std::path::Path::new("t.toml"),
     )
     .unwrap();
-    let rules = crate::proxy::vendor::VendorRules::from_config(&config.upstreams[0]);
+    let rules = crate::proxy::protocol::VendorRules::from_config(&config.upstreams[0]);
     let limits = crate::memory::window::Limits {
         messages: 2,
         ..Default::default()

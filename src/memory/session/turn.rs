@@ -20,7 +20,7 @@ use crate::memory::turns;
 use crate::memory::window::{self, Limits, TrimReason, TrimScope};
 use crate::metrics::Cause;
 use crate::proxy::gate::Place;
-use crate::proxy::vendor::VendorRules;
+use crate::proxy::protocol::VendorRules;
 use crate::store::{Op, Ticket};
 use crate::webhook::Event;
 

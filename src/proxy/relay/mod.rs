@@ -81,7 +81,7 @@ impl Exchange {
     /// The chat completion call to the current upstream, until its head.
     async fn call(&self) -> Result<client::Response, UpstreamError> {
         self.upstream
-            .send_chat(&self.client_headers, self.body.clone())
+            .send_turn(&self.client_headers, self.body.clone())
             .await
     }
 
@@ -282,7 +282,11 @@ async fn whole(
     let timing = ex.answered(called);
     let read = status
         .is_success()
-        .then(|| accumulate::completion_read(&bytes, ex.readings.is_some()))
+        .then(|| {
+            ex.upstream
+                .protocol
+                .read_whole(&bytes, ex.readings.is_some())
+        })
         .flatten();
     match read {
         Some(accumulate::CompletionRead {

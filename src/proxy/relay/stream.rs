@@ -31,6 +31,7 @@ use crate::proxy::accumulate::Event;
 use crate::proxy::client;
 use crate::proxy::cut::CutWait;
 use crate::proxy::idle::BodyError;
+use crate::proxy::protocol::Protocol;
 use crate::proxy::upstream::Upstream;
 use crate::store::StorageError;
 
@@ -53,7 +54,10 @@ pub(super) async fn relay(
     respond: oneshot::Sender<Head>,
     timing: Timing,
 ) {
-    let reader = Arc::new(Mutex::new(Some(Reader::new(ex.upstream.body(resp)))));
+    let reader = Arc::new(Mutex::new(Some(Reader::new(
+        ex.upstream.body(resp),
+        ex.upstream.protocol,
+    ))));
     let (body_gone, gone) = oneshot::channel::<()>();
     let body = RelayBody {
         reader: Arc::clone(&reader),
@@ -125,6 +129,8 @@ where
 /// the client yet (whole events).
 struct Reader<S> {
     body: S,
+    /// How the events' data is read.
+    protocol: Protocol,
     parser: SseParser,
     boundary: EventBoundary,
 }
@@ -146,9 +152,10 @@ impl<S> Reader<S>
 where
     S: Stream<Item = Result<Bytes, BodyError>> + Unpin,
 {
-    fn new(body: S) -> Self {
+    fn new(body: S, protocol: Protocol) -> Self {
         Self {
             body,
+            protocol,
             parser: SseParser::new().max_buffer(MAX_EVENT_BYTES),
             boundary: EventBoundary::new(),
         }
@@ -169,7 +176,7 @@ where
             self.parser.feed(&bytes);
             let mut events = Vec::new();
             while let Some(event) = self.parser.next_event() {
-                events.push(Event::parse(&event.data));
+                events.push(self.protocol.stream_event(&event.data));
             }
             if let Some(bad) = events.iter().position(|e| matches!(e, Event::Malformed)) {
                 // An event the client's SDK could not parse either.

@@ -6,4 +6,4 @@ pub mod accumulate;
 pub mod cut;
 pub mod echo;
 pub mod embed;
-pub mod vendor;
+pub mod protocol;

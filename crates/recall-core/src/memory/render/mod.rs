@@ -32,7 +32,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::config::Roles;
-use crate::exchange::vendor::VendorRules;
+use crate::exchange::protocol::VendorRules;
 use crate::memory::interruption::is_superseded;
 use crate::memory::message::{Message, Role};
 use crate::memory::window::{Limits, TrimReason};
@@ -117,7 +117,7 @@ pub fn outbound<H: Stored>(history: &[H], rules: &VendorRules, limits: Limits) -
     let mut reason = None;
     for unit in units {
         let protected = unit.from >= floor || window.is_empty();
-        let cost = unit.cost(limits, rules.custom);
+        let cost = unit.cost(limits, rules.sends_extensions());
         // Merging with the oldest unit so far, if the upstream needs roles
         // to alternate.
         let merge = alternate

@@ -1,5 +1,5 @@
 use super::*;
-use crate::config::InterruptedRendering;
+use crate::config::{InterruptedRendering, Vendor};
 use crate::memory::interruption;
 use crate::memory::tokens::Encoding;
 use serde_json::json;
@@ -29,7 +29,7 @@ fn result(id: &str) -> Message {
 }
 fn rules() -> VendorRules {
     VendorRules {
-        custom: false,
+        mode: Vendor::Openai,
         interruptable: true,
         strip_fields: Vec::new(),
         interrupted: InterruptedRendering::Truncated,
@@ -223,7 +223,7 @@ fn vendor_custom_counts_the_extension_fields() {
     let h = [m, a("yo"), u("n")];
     let mut r = rules();
     assert_eq!(shown(&h, &r, chars(5)).len(), 3);
-    r.custom = true;
+    r.mode = Vendor::Custom;
     assert_eq!(shown(&h, &r, chars(5)), ["user:n"]);
     let limits = Limits {
         tokens: 20,

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::{legacy_call, Stored, Unit};
 use crate::config::Roles;
-use crate::exchange::vendor::VendorRules;
+use crate::exchange::protocol::VendorRules;
 use crate::memory::interruption::{self, is_superseded};
 use crate::memory::message::{Message, Role};
 

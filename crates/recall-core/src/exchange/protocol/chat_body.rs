@@ -1,6 +1,6 @@
-//! The body that goes upstream: instructions first, then the window of
-//! history, then every other field of the client's body, rewritten for the
-//! upstream's vendor mode.
+//! The chat-completions body that goes upstream: instructions first, then
+//! the window of history, then every other field of the client's body,
+//! rewritten for the upstream's vendor mode.
 //!
 //! Vendor "custom" receives everything:
 //! each message with its `turn_id`, `timestamp` and `metadata`, and the
@@ -11,52 +11,9 @@ use std::borrow::Borrow;
 
 use serde_json::{Map, Value};
 
-use crate::config::{InterruptedRendering, Roles, UpstreamConfig};
+use super::{TurnInfo, Vendor, VendorRules};
 use crate::json;
 use crate::memory::message::{Field, Message};
-use crate::memory::summary::Summary;
-
-/// What a vendor mode decides, taken from an upstream's config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VendorRules {
-    pub custom: bool,
-    pub interruptable: bool,
-    pub strip_fields: Vec<String>,
-    pub interrupted: InterruptedRendering,
-    pub interrupted_marker: String,
-    pub roles: Roles,
-}
-
-impl VendorRules {
-    /// Whether `render::outbound` gives both the same messages (it reads
-    /// only these fields).
-    pub fn renders_like(&self, other: &VendorRules) -> bool {
-        self.custom == other.custom
-            && self.interrupted == other.interrupted
-            && self.interrupted_marker == other.interrupted_marker
-            && self.roles == other.roles
-    }
-
-    pub fn from_config(u: &UpstreamConfig) -> Self {
-        Self {
-            custom: u.is_custom(),
-            interruptable: u.interruptable,
-            strip_fields: u.strip_fields.clone(),
-            interrupted: u.interrupted,
-            interrupted_marker: u.interrupted_marker.clone(),
-            roles: u.roles,
-        }
-    }
-}
-
-/// What the session knows about the turn being sent, if there is a session.
-#[derive(Debug, Clone, Copy)]
-pub struct TurnInfo<'a> {
-    pub turn_id: u64,
-    /// The session's running summary, which vendor "custom" also gets as
-    /// `recall_summary`.
-    pub summary: Option<&'a Summary>,
-}
 
 /// The upstream body, serialised: the client's `body` with its messages
 /// replaced by `instructions` and `history` (the window, as
@@ -65,7 +22,7 @@ pub struct TurnInfo<'a> {
 /// it up front: no message is copied into an intermediate JSON value, and
 /// the window's text is copied, not escaped, where it has nothing to
 /// escape (`json`).
-pub fn rewrite<H: Borrow<Message>>(
+pub fn write<H: Borrow<Message>>(
     rules: &VendorRules,
     body: &Map<String, Value>,
     instructions: &[Message],
@@ -104,8 +61,8 @@ impl<H: Borrow<Message>> UpstreamBody<'_, H> {
         // In custom mode these are recall's own, written below (the
         // client's turn_id stays when there is no session turn to send).
         let ours = match key {
-            "session_id" => !self.rules.custom,
-            "turn_id" => !self.rules.custom || self.turn.is_some(),
+            "session_id" => self.rules.mode == Vendor::Openai,
+            "turn_id" => self.rules.mode == Vendor::Openai || self.turn.is_some(),
             "timestamp" | "interruptable" | RECALL_SUMMARY => true,
             _ => false,
         };
@@ -144,7 +101,7 @@ impl<H: Borrow<Message>> UpstreamBody<'_, H> {
         if !wrote_messages {
             self.write_messages(body.key("messages"))?;
         }
-        if self.rules.custom {
+        if self.rules.mode == Vendor::Custom {
             if let (Some(t), false) = (self.turn, self.stripped("turn_id")) {
                 json::value(body.key("turn_id"), &t.turn_id)?;
             }
@@ -169,10 +126,9 @@ impl<H: Borrow<Message>> UpstreamBody<'_, H> {
             if i > 0 {
                 out.push(b',');
             }
-            if self.rules.custom {
-                write_whole(out, m)?;
-            } else {
-                write_openai(out, m)?;
+            match self.rules.mode {
+                Vendor::Custom => write_whole(out, m)?,
+                Vendor::Openai => write_openai(out, m)?,
             }
         }
         out.push(b']');
@@ -213,12 +169,18 @@ fn write_openai(out: &mut Vec<u8>, m: &Message) -> serde_json::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{InterruptedRendering, Roles};
     use crate::memory::message::Role;
+    use crate::memory::summary::Summary;
     use serde_json::json;
 
     fn rules(custom: bool) -> VendorRules {
         VendorRules {
-            custom,
+            mode: if custom {
+                Vendor::Custom
+            } else {
+                Vendor::Openai
+            },
             interruptable: true,
             strip_fields: vec!["x_debug".into()],
             interrupted: InterruptedRendering::Annotated,
@@ -251,7 +213,7 @@ mod tests {
         history: &[Message],
         turn: Option<TurnInfo>,
     ) -> Value {
-        serde_json::from_slice(&rewrite(rules, &body(), sys, history, turn, 5).unwrap()).unwrap()
+        serde_json::from_slice(&write(rules, &body(), sys, history, turn, 5).unwrap()).unwrap()
     }
 
     #[test]

@@ -1,10 +1,13 @@
-//! A turn's session: found or created, its lease taken with shared
+//! Open: the turn's session found or created, its lease taken with shared
 //! storage, and the turn begun in it (forked into a new session when the
-//! Responses API continues from an older response).
+//! Responses API continues from an older response); a fold started if one
+//! is due, and the user's long-term facts read. A stateless turn opens no
+//! session and sends the client's messages as they are.
 
 use std::sync::Arc;
 
-use super::{Joining, Target};
+use super::{Joining, Plan, Target};
+use crate::api::chat::request::{idempotency_key, retrying};
 use crate::config::OnNewRequest;
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::message::Message;
@@ -14,8 +17,80 @@ use crate::proxy::gate::{Acquire, Place};
 use crate::server::app::App;
 use crate::store::Wait;
 
+/// A turn begun in its session (or stateless).
+pub(super) struct Opened {
+    /// What the session sends and remembers for this turn.
+    pub prepared: session::Prepared,
+    /// The turn's reply: what records it.
+    pub flight: Arc<Reply>,
+    /// The internal id of the session the turn runs in (a fork's, if it
+    /// forked); none when stateless.
+    pub session: Option<String>,
+    /// The user's long-term facts this turn sends, if any.
+    pub facts: Option<Message>,
+    /// The turn's upstream slot (`max_concurrent_upstream`), taken before
+    /// anything is stored.
+    pub admission: Admission,
+}
+
+pub(super) async fn open(app: &Arc<App>, plan: &mut Plan) -> Result<Opened, ApiError> {
+    let mut admission = Admission::default();
+    let conversation = std::mem::take(&mut plan.conversation);
+    let Some(target) = plan.session.take() else {
+        // Stateless: the client manages its own history; send it as is.
+        admission.take(app, || None)?;
+        return Ok(Opened {
+            prepared: session::Prepared::stateless(conversation),
+            flight: Arc::new(Reply::stateless()),
+            session: None,
+            facts: None,
+            admission,
+        });
+    };
+    let turn = TurnRequest {
+        incoming: &conversation,
+        user: plan.user.as_deref(),
+        memory_user: plan.memory_user.as_deref(),
+        encoding: token_encoding(app, &plan.model).await,
+        now_ms: plan.now_ms,
+        retrying: retrying(&plan.headers),
+        idempotency_key: idempotency_key(&plan.headers),
+        rules: &plan.upstream.rules,
+        fallback_rules: plan.fallback.as_ref().map(|f| &f.rules),
+        joins: Joins::Reconcile,
+        place: None,
+    };
+    let (mut prepared, flight, id) = open_turn(app, target, turn, &mut admission).await?;
+    tracing::Span::current().record("turn", prepared.turn_id);
+    if let Some(fold) = prepared.fold.take() {
+        crate::api::memory::start_fold(app, &id, fold);
+    }
+    // The upstream call does not wait for the user's message to be
+    // stored: the two overlap, and the reply's end (what tells the client
+    // the turn happened) waits for both.
+    flight.opened(std::mem::take(&mut prepared.durable));
+    let mut facts = None;
+    if app.long_term.is_some() {
+        // A read of the user's records, or an inline search: a client that
+        // leaves meanwhile settles its reply like one that leaves during
+        // the upstream call. Boxed: its state would otherwise grow every
+        // turn's future.
+        let gone = crate::proxy::relay::GoneGuard::armed(&flight);
+        let due = std::mem::take(&mut prepared.long_term);
+        facts = Box::pin(crate::api::memory::long_term::for_turn(app, &id, due)).await;
+        gone.disarm();
+    }
+    Ok(Opened {
+        prepared,
+        flight,
+        session: Some(id),
+        facts,
+        admission,
+    })
+}
+
 /// A turn begun: what it sends, its reply, and the session it is in.
-pub(super) type Opened = (session::Prepared, Arc<Reply>, String);
+type Begun = (session::Prepared, Arc<Reply>, String);
 
 /// A turn's place under `max_concurrent_upstream` (`App::upstream_slot`),
 /// taken once, just before the turn may cut its session's reply in
@@ -53,12 +128,12 @@ impl Admission {
 }
 
 /// Begins `turn` in the session `target` names, as `target.joins` says.
-pub(super) async fn open_turn(
+async fn open_turn(
     app: &App,
     target: Target,
     turn: TurnRequest<'_>,
     admission: &mut Admission,
-) -> Result<Opened, ApiError> {
+) -> Result<Begun, ApiError> {
     let Target { id, joins, missing } = target;
     let missing = missing.as_ref();
     match joins {
