@@ -21,21 +21,20 @@ WORKDIR /src
 # every target the manifest declares to exist.
 COPY Cargo.toml Cargo.lock ./
 COPY crates/recall-core/Cargo.toml ./crates/recall-core/
-RUN mkdir -p src benches crates/recall-core/src \
+COPY crates/recall-store/Cargo.toml ./crates/recall-store/
+RUN mkdir -p src benches/memory crates/recall-core/src crates/recall-store/src \
     && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs crates/recall-core/src/lib.rs \
-    && echo 'fn main() {}' > benches/load.rs \
-    && echo 'fn main() {}' > benches/pure.rs \
-    && echo 'fn main() {}' > benches/naive_hop.rs \
+    && touch src/lib.rs crates/recall-core/src/lib.rs crates/recall-store/src/lib.rs \
+    && for b in load pure naive_hop embedder memory/main; do echo 'fn main() {}' > benches/$b.rs; done \
     && cargo build --release --locked --bin recall \
-    && rm -rf src benches crates/recall-core/src
+    && rm -rf src benches crates/recall-core/src crates/recall-store/src
 
 # Then recall itself. COPY keeps the files' modification times, which can be
 # older than the stub build; the touch makes cargo rebuild the crate.
 COPY src ./src
 COPY crates ./crates
 COPY benches ./benches
-RUN touch src/lib.rs src/main.rs crates/recall-core/src/lib.rs \
+RUN touch src/lib.rs src/main.rs crates/recall-core/src/lib.rs crates/recall-store/src/lib.rs \
     && cargo build --release --locked --bin recall \
     && install -m 0755 target/release/recall /usr/local/bin/recall
 

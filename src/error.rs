@@ -344,8 +344,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::memory::message::MessageError> for ApiError {
-    fn from(e: crate::memory::message::MessageError) -> Self {
+impl From<recall_core::memory::message::MessageError> for ApiError {
+    fn from(e: recall_core::memory::message::MessageError) -> Self {
         let param = e.param();
         RequestError::invalid(e.to_string(), Some(&param)).into()
     }

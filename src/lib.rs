@@ -1,10 +1,12 @@
 //! recall: an OpenAI-compatible proxy that gives AI agents short-term memory.
 //!
-//! The request path, top to bottom (see ARCHITECTURE.md):
-//! `api` (route, parse) → `session` (lookup, turn lock) → `reconcile` →
-//! `render` (render + window + grammar) → `vendor` (rewrite) → `upstream`
-//! (`gate`: a slot under `max_concurrent`) → `relay` (stream + record).
-//! `reconcile`, `render`, `window`, `turns`, `vendor` and `accumulate` are pure.
+//! Three crates, bottom up (see ARCHITECTURE.md): `recall_core` (plain data
+//! and pure decisions, re-exported here as `config`, `clock`, `json` and
+//! inside `memory` and `proxy`), `recall_store` (storage, as `store`), and
+//! this one. Here, bottom up: the edges (`metrics`, `webhook`, `proxy`,
+//! `models`), the state (`memory`: a session and its reply in flight), the
+//! exchange (`relay`), the background jobs (`summarizer`, `long_term`), and
+//! the HTTP (`api`, `console`, `server`).
 
 pub mod api;
 pub use recall_core::{clock, config, json};
@@ -17,8 +19,9 @@ pub mod memory;
 pub mod metrics;
 pub mod models;
 pub mod proxy;
+pub mod relay;
 pub mod server;
-pub mod store;
+pub use recall_store as store;
 pub mod summarizer;
 pub mod webhook;
 

@@ -208,7 +208,7 @@ impl MemoryMetrics {
             "long_term_facts_left_out",
             format!(
                 "Facts of extraction answers not stored, by reason (over_max_facts: past long_term.max_facts_per_answer; too_long: longer than {} characters)",
-                crate::memory::long_term::MAX_FACT_CHARS
+                recall_core::memory::long_term::MAX_FACT_CHARS
             ),
             facts_left_out.clone(),
         );

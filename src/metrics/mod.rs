@@ -24,8 +24,8 @@ pub use cause::Cause;
 pub use memory::{Job, JobOutcome, LeftOut, MemoryMetrics, RecordChange};
 pub use reading::{Buckets, Reading};
 
-use crate::memory::reconcile::Rewrite;
-use crate::memory::window::{TrimReason, TrimScope};
+use recall_core::memory::reconcile::Rewrite;
+use recall_core::memory::window::{TrimReason, TrimScope};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -452,14 +452,14 @@ impl Metrics {
             ..reading::parse(&text)
         }
     }
+}
 
-    /// What the Redis writer counts writes too few replicas took with.
-    pub fn storage_not_replicated(&self) -> Counter {
+impl recall_store::StorageMetrics for Metrics {
+    fn storage_not_replicated(&self) -> Counter {
         self.storage_not_replicated.clone()
     }
 
-    /// What a storage writer reports its group commits with.
-    pub fn storage_writes(&self, backend: &'static str) -> Histogram {
+    fn storage_writes(&self, backend: &'static str) -> Histogram {
         self.storage_write_seconds
             .get_or_create(&BackendLabels { backend })
             .clone()
@@ -484,6 +484,7 @@ fn trim_labels(scope: TrimScope, reason: TrimReason) -> TrimLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use recall_store::StorageMetrics;
 
     #[test]
     fn renders_prometheus_text_with_the_recall_prefix() {

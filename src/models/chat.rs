@@ -14,11 +14,11 @@ use serde_json::{json, Value};
 use super::structured::{self, Format, Formats, Shape};
 use crate::config::StructuredOutput;
 use crate::error::UpstreamError;
-use crate::memory::long_term::Malformed;
-use crate::memory::summary::Rejected;
 use crate::metrics::Metrics;
 use crate::proxy::client;
 use crate::proxy::upstream::Upstream;
+use recall_core::memory::long_term::Malformed;
+use recall_core::memory::summary::Rejected;
 
 /// Longest answer body read from a model.
 pub(super) const MAX_BODY: usize = 1024 * 1024;

@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use super::chat::call;
 use super::ModelError;
 use crate::config::EmbeddingEncoding;
-use crate::memory::long_term::vector_of_bytes;
 use crate::proxy::upstream::Upstream;
+use recall_core::memory::long_term::vector_of_bytes;
 
 /// A model that turns texts into vectors, one per text, in order.
 pub trait EmbeddingModel: Send + Sync {

@@ -13,7 +13,7 @@ use lru::LruCache;
 use serde_json::{Map, Value};
 
 use crate::config::{CacheConfig, CacheScope};
-use crate::memory::message::Message;
+use recall_core::memory::message::Message;
 
 /// A SHA-256 over everything that must match for an answer to be reused.
 pub type Key = [u8; 32];
@@ -117,7 +117,7 @@ impl AnswerCache {
     /// not stopped by a length limit or a filter.
     pub fn put(&self, key: Key, reply: &Message, finish_reason: Option<&str>) {
         if reply.has_tool_calls()
-            || crate::memory::interruption::is_interrupted(reply)
+            || recall_core::memory::interruption::is_interrupted(reply)
             || finish_reason.is_some_and(|r| r != "stop")
         {
             return;
@@ -133,8 +133,8 @@ impl AnswerCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::message::Role;
     use crate::proxy::accumulate::ReplyAccumulator;
+    use recall_core::memory::message::Role;
     use serde_json::json;
 
     fn cache(scope: CacheScope) -> AnswerCache {
@@ -187,7 +187,7 @@ mod tests {
     #[test]
     fn only_complete_text_answers_are_kept() {
         let c = cache(CacheScope::Global);
-        let cut = crate::memory::interruption::interrupted_reply(
+        let cut = recall_core::memory::interruption::interrupted_reply(
             Message::new(Role::Assistant, "Op"),
             &Message::new(Role::Assistant, "Open"),
             true,

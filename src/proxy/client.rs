@@ -10,6 +10,7 @@
 //! are reqwest's defaults, so that upstreams and proxies see what they saw.
 //! Redirects are not followed: an API's answer is relayed as it is.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -38,6 +39,22 @@ pub type Response = axum::http::Response<Incoming>;
 pub type BodyStream = BodyDataStream<Incoming>;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+thread_local! {
+    static SERVING_THREAD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Which serving thread this is, and so which of an upstream's client
+/// pools it uses. 0 is the thread that accepts, and any thread that is not
+/// a serving thread (a test's runtime, a blocking pool).
+pub fn serving_thread() -> usize {
+    SERVING_THREAD.with(Cell::get)
+}
+
+/// Said once by each serving thread as it starts (`server::threads`).
+pub fn set_serving_thread(k: usize) {
+    SERVING_THREAD.with(|i| i.set(k));
+}
 
 /// The request as sent: the body is always whole (a request recall made).
 type Pooled = hyper_util::client::legacy::Client<Connector, Full<Bytes>>;

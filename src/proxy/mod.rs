@@ -1,6 +1,7 @@
-//! The request's way to the upstream and back: the upstream client and its
-//! slots, the vendor body, the relay of the answer (SSE parsed once), the
-//! cut and the drain, the answer cache, and the built-in mock upstream.
+//! The upstream edge: an upstream (its protocol, URL, key and client
+//! pools), the HTTP client, the slots a call waits for (gate), a body's
+//! idle limit, the answer cache, and the built-in mock upstream. The
+//! exchange itself, relayed and reported to its session, is `relay`.
 
 pub use recall_core::exchange::{accumulate, cut, protocol};
 pub mod cache;
@@ -8,5 +9,4 @@ pub mod client;
 pub mod gate;
 pub mod idle;
 pub mod mock;
-pub mod relay;
 pub mod upstream;

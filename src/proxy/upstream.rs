@@ -264,7 +264,7 @@ impl Upstream {
         body: Option<Bytes>,
     ) -> Result<Response, UpstreamError> {
         // `clients` is never empty: `start` builds at least one.
-        let client = &self.clients[crate::server::threads::index() % self.clients.len()];
+        let client = &self.clients[super::client::serving_thread() % self.clients.len()];
         let mut headers = self.request_headers(client_headers);
         let body = match body {
             Some(body) => {

@@ -42,8 +42,8 @@ pub async fn serve(
         listener.local_addr()?,
         &stopping,
     )?;
-    crate::memory::lifecycle::resume_carry_overs(&app);
-    let sweeper = tokio::spawn(crate::memory::lifecycle::sweeper(
+    super::lifecycle::resume_carry_overs(&app);
+    let sweeper = tokio::spawn(super::lifecycle::sweeper(
         Arc::clone(&app),
         Arc::clone(&app.sweep_now),
     ));
@@ -96,7 +96,7 @@ impl App {
     /// The last steps of a shutdown: end sessions that would be lost, then
     /// make storage durable and give the webhook a last chance.
     pub async fn wind_down(&self) {
-        crate::memory::lifecycle::end_all(self).await;
+        super::lifecycle::end_all(self).await;
         if let Err(e) = self.policy.storage.flush().await {
             tracing::error!(error = %e, "storage flush at shutdown failed");
         }

@@ -19,7 +19,6 @@
 //! other worker would have taken them: a longer tail between chunks, for
 //! more requests a second at full load (docs/perf-journal.md, item 11).
 
-use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -31,23 +30,13 @@ use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-thread_local! {
-    static INDEX: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Which serving thread this is. 0 is the thread that accepts, and any
-/// thread that is not a serving thread (a test's runtime, a blocking pool).
-pub fn index() -> usize {
-    INDEX.with(Cell::get)
-}
-
 /// A runtime for serving thread `k`: one worker, named after it, that
 /// knows its index.
 pub fn runtime(k: usize) -> io::Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name(format!("recall-serve-{k}"))
-        .on_thread_start(move || INDEX.with(|i| i.set(k)))
+        .on_thread_start(move || crate::proxy::client::set_serving_thread(k))
         .enable_all()
         .build()
 }
@@ -244,7 +233,10 @@ mod tests {
     use std::future::IntoFuture;
 
     fn which_thread() -> Router {
-        Router::new().route("/", get(|| async { index().to_string() }))
+        Router::new().route(
+            "/",
+            get(|| async { crate::proxy::client::serving_thread().to_string() }),
+        )
     }
 
     #[tokio::test]

@@ -55,16 +55,6 @@ pub struct Keep {
     pub clock: Clock,
 }
 
-impl Keep {
-    pub fn of(app: &crate::server::app::App) -> Self {
-        Self {
-            notes: Arc::clone(&app.notes),
-            storage: Arc::clone(&app.policy.storage),
-            clock: app.policy.clock.clone(),
-        }
-    }
-}
-
 /// A kept job's body: what it is, and what it needs.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "job", rename_all = "snake_case")]

@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::memory::message::Message;
-use crate::memory::reconcile::Rewrite;
-use crate::memory::window::{TrimReason, TrimScope};
+use recall_core::memory::message::Message;
+use recall_core::memory::reconcile::Rewrite;
+use recall_core::memory::window::{TrimReason, TrimScope};
 
 mod http;
 mod sign;

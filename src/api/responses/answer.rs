@@ -18,7 +18,7 @@ use super::events::Events;
 use super::response::{of_completion, Echo};
 use crate::error::ApiError;
 use crate::proxy::accumulate::Event;
-use crate::proxy::relay::Readings;
+use crate::relay::Readings;
 
 /// The largest chat completion read back for translation (as the relay's
 /// own cap on a non-streaming answer).

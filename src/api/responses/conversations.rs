@@ -219,7 +219,7 @@ fn not_found_for_session(e: ApiError, name: &str) -> ApiError {
 pub async fn delete(State(app): State<Arc<App>>, target: Target) -> Result<Json<Value>, ApiError> {
     let session = existing(&app, &target).await?;
     let ended =
-        crate::memory::lifecycle::end(&app, &session, crate::webhook::EndReason::Ended).await?;
+        crate::server::lifecycle::end(&app, &session, crate::webhook::EndReason::Ended).await?;
     if ended.is_none() {
         return Err(not_found(&target.name).into());
     }

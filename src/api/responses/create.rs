@@ -27,7 +27,7 @@ use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::chain;
 use crate::memory::message::ResponseMark;
 use crate::memory::session;
-use crate::proxy::relay::Readings;
+use crate::relay::Readings;
 use crate::server::app::App;
 
 pub async fn create(

@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 use super::*;
 use crate::error::{ApiError, RequestError};
 use crate::memory::interruption::Spoken;
-use crate::memory::lifecycle;
 use crate::memory::session::Interrupted;
 use crate::server::app::App;
+use crate::server::lifecycle;
 use crate::store::Wait;
 use crate::webhook::{EndReason, Event};
 

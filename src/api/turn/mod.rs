@@ -28,7 +28,7 @@ use super::auth::Access;
 use super::observe::ServedBy;
 use crate::error::{ApiError, NotFound};
 use crate::memory::message::Message;
-use crate::proxy::relay::Readings;
+use crate::relay::Readings;
 use crate::server::app::App;
 
 /// A request on a turn's path as it arrived: whose it is, its headers

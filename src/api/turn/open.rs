@@ -75,7 +75,7 @@ pub(super) async fn open(app: &Arc<App>, plan: &mut Plan) -> Result<Opened, ApiE
         // leaves meanwhile settles its reply like one that leaves during
         // the upstream call. Boxed: its state would otherwise grow every
         // turn's future.
-        let gone = crate::proxy::relay::GoneGuard::armed(&flight);
+        let gone = crate::relay::GoneGuard::armed(&flight);
         let due = std::mem::take(&mut prepared.long_term);
         facts = Box::pin(crate::api::memory::long_term::for_turn(app, &id, due)).await;
         gone.disarm();

@@ -12,8 +12,8 @@ use crate::api::auth::Access;
 use crate::api::chat::request::{label_user, user_id};
 use crate::error::{ApiError, RequestError};
 use crate::memory::message::{leading_instructions, Message};
-use crate::proxy::relay::Readings;
 use crate::proxy::upstream::Upstream;
+use crate::relay::Readings;
 use crate::server::app::App;
 
 /// A turn routed: what every later stage reads (and `open` takes the

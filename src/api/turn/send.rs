@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::memory::message::Message;
 use crate::proxy::cache::Key;
 use crate::proxy::protocol::TurnInfo;
-use crate::proxy::relay::{self, Exchange};
+use crate::relay::{self, Exchange};
 use crate::server::app::App;
 
 pub(super) async fn send(

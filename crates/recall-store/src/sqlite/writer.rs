@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use super::super::notes::NOTE_CHANGED;
 use super::super::{Batch, Faults, Fences, Op, StorageError};
-use crate::memory::message::Message;
+use recall_core::memory::message::Message;
 
 /// Batches larger than this are split, to bound one transaction's size.
 pub(super) const MAX_BATCH_OPS: usize = 4096;
@@ -112,7 +112,7 @@ pub(super) fn apply_round(
     conn: &mut Connection,
     batches: &[Batch],
     w: &Writer,
-) -> Vec<crate::store::Outcome> {
+) -> Vec<crate::Outcome> {
     let all_fail = |e: &dyn std::fmt::Display| {
         vec![Err(format!("the SQLite store failed the write ({e})").into()); batches.len()]
     };

@@ -12,8 +12,8 @@ use redis::{Cmd, Pipeline};
 
 use super::keys::{bucket, Keys};
 use super::Stamp;
-use crate::memory::message::Message;
-use crate::store::{Batch, Faults, Fences, Op, StorageError};
+use crate::{Batch, Faults, Fences, Op, StorageError};
+use recall_core::memory::message::Message;
 
 /// The script every session write runs (see its header for arguments).
 pub(super) const APPLY: &str = include_str!("apply.lua");
@@ -87,7 +87,7 @@ pub(super) fn encode(
     cx: &Context<'_>,
     unit: &mut Unit,
     batches: &[&Batch],
-    results: &mut [crate::store::Outcome],
+    results: &mut [crate::Outcome],
 ) {
     let Context {
         keys,
@@ -274,7 +274,7 @@ fn queue(
         Op::Push { seq, message, .. } => put("push", &[seq.to_string(), to_json(message)?]),
         Op::Set { seq, message, .. } => put("set", &[seq.to_string(), to_json(message)?]),
         Op::SetLate { seq, message, .. } => {
-            let late = crate::memory::interruption::late_fields(message);
+            let late = recall_core::memory::interruption::late_fields(message);
             put(
                 "late",
                 &[seq.to_string(), serde_json::Value::Object(late).to_string()],

@@ -2,7 +2,7 @@
 
 use super::schema::MIGRATIONS;
 use super::*;
-use crate::store::Meta;
+use crate::Meta;
 use prometheus_client::metrics::histogram::exponential_buckets;
 
 /// A database file that is removed, with its WAL, when dropped.

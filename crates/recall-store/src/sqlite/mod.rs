@@ -11,8 +11,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Batch, Faults, Fences, Kept, Listed, Loaded, Op, StorageError, Ticket};
-use crate::config::{StorageConfig, SyncMode};
-use crate::memory::message::Message;
+use recall_core::config::{StorageConfig, SyncMode};
+use recall_core::memory::message::Message;
 
 pub(super) mod records;
 mod schema;

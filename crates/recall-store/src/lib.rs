@@ -27,8 +27,9 @@ pub use round::{Outcome, Refused, Ticket};
 
 use std::sync::Arc;
 
-use crate::config::{StorageBackend, StorageConfig};
-use crate::metrics::Metrics;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use recall_core::config::{StorageBackend, StorageConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -71,6 +72,24 @@ pub enum Storage {
 
 pub use self::redis::Wait;
 
+/// Where the writers report: the server's metrics registry, which this
+/// crate does not know.
+pub trait StorageMetrics {
+    /// The histogram of one backend's group commits, in seconds.
+    fn storage_writes(&self, backend: &'static str) -> Histogram;
+    /// Writes a Redis node took but too few of its replicas acknowledged.
+    fn storage_not_replicated(&self) -> Counter;
+}
+
+impl<M: StorageMetrics> StorageMetrics for Arc<M> {
+    fn storage_writes(&self, backend: &'static str) -> Histogram {
+        (**self).storage_writes(backend)
+    }
+    fn storage_not_replicated(&self) -> Counter {
+        (**self).storage_not_replicated()
+    }
+}
+
 /// The right to change a session: with shared storage, its lease; with a
 /// process of its own, nothing (the session's own lock is enough).
 #[derive(Debug)]
@@ -81,7 +100,7 @@ impl Storage {
     /// commit's duration to `metrics`.
     pub async fn open(
         config: &StorageConfig,
-        metrics: &Metrics,
+        metrics: &impl StorageMetrics,
     ) -> Result<Arc<Self>, StorageError> {
         Ok(Arc::new(match config.backend {
             StorageBackend::Memory => Storage::Memory,
@@ -238,6 +257,26 @@ impl Storage {
             Storage::Memory => Ok(Vec::new()),
             Storage::Sqlite(s) => s.idle(i64::MAX, n).await,
             Storage::Redis(r) => r.idle(i64::MAX, n).await,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use prometheus_client::metrics::histogram::exponential_buckets;
+
+    use super::*;
+
+    /// Metrics that nobody reads, for the crate's own tests.
+    #[derive(Default)]
+    pub(crate) struct Unmeasured;
+
+    impl StorageMetrics for Unmeasured {
+        fn storage_writes(&self, _: &'static str) -> Histogram {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 4))
+        }
+        fn storage_not_replicated(&self) -> Counter {
+            Counter::default()
         }
     }
 }

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::Sqlite;
-use crate::memory::long_term::Record;
-use crate::store::records::stored::{body, record, to_blob, with_recalled, Held};
-use crate::store::StorageError;
+use crate::records::stored::{body, record, to_blob, with_recalled, Held};
+use crate::StorageError;
+use recall_core::memory::long_term::Record;
 
 impl Sqlite {
     /// Runs `f` on the records connection, under its lock, off the async

@@ -20,7 +20,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
 
-use crate::config::RedisTarget;
+use recall_core::config::RedisTarget;
 
 /// A cluster's slots.
 const SLOTS: u16 = 16384;
@@ -122,9 +122,9 @@ impl Pool {
 
     /// A failed command on `key` as an error that names its node; the
     /// slot map is read again, in case the slot moved.
-    pub fn error_at(&self, key: &str, e: redis::RedisError) -> crate::store::StorageError {
+    pub fn error_at(&self, key: &str, e: redis::RedisError) -> crate::StorageError {
         self.failed();
-        crate::store::StorageError::Node {
+        crate::StorageError::Node {
             node: self.node_of(key),
             why: describe(&e),
         }

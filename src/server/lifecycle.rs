@@ -120,7 +120,7 @@ async fn end_when(
     let event = event_of(&ended);
     let left = left.or_else(|| leftover(&ended));
     if let (Some(summarizer), Some(left)) = (carrier(app), left) {
-        carry::start(Arc::clone(summarizer), carry::Keep::of(app), left, job_id);
+        carry::start(Arc::clone(summarizer), note_keeper(app), left, job_id);
     }
     if let Some(lt) = &app.long_term {
         crate::long_term::jobs::after_end(lt, &ended, session.created_ms, &session.id);
@@ -142,7 +142,7 @@ fn carrier(app: &App) -> Option<&Arc<crate::summarizer::Summarizer>> {
 /// Runs the carry-overs that an earlier run kept and did not finish.
 pub fn resume_carry_overs(app: &App) {
     if let Some(summarizer) = carrier(app).filter(|_| app.policy.storage.persistent()) {
-        carry::resume(Arc::clone(summarizer), carry::Keep::of(app));
+        carry::resume(Arc::clone(summarizer), note_keeper(app));
     }
 }
 
@@ -224,5 +224,14 @@ pub async fn end_all(app: &App) {
         if let Err(e) = end(app, &session, EndReason::Ended).await {
             tracing::warn!(session = %session.id, error = %e, "could not end session at shutdown");
         }
+    }
+}
+
+/// Where a carry-over keeps its note, and the time it writes it at.
+fn note_keeper(app: &App) -> carry::Keep {
+    carry::Keep {
+        notes: Arc::clone(&app.notes),
+        storage: Arc::clone(&app.policy.storage),
+        clock: app.policy.clock.clone(),
     }
 }

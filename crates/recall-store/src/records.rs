@@ -19,7 +19,7 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 
 use super::{sqlite, Storage, StorageError};
-use crate::memory::long_term::Record;
+use recall_core::memory::long_term::Record;
 
 pub(crate) mod stored;
 #[cfg(test)]

@@ -7,7 +7,7 @@
 use dashmap::DashMap;
 
 use super::{Op, Storage, StorageError, Ticket};
-use crate::memory::summary::Note;
+use recall_core::memory::summary::Note;
 
 /// Why a note's compare-and-set was refused.
 pub(crate) const NOTE_CHANGED: &str = "the note changed since it was read";

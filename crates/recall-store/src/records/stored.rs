@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::memory::long_term::{self, Record};
-use crate::store::StorageError;
+use crate::StorageError;
+use recall_core::memory::long_term::{self, Record};
 
 /// One user's records as stored at `version`; `forgotten_at` is when they
 /// were last all forgotten (0 never). Records are in id order on every

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::memory::message::Message;
-use crate::memory::summary::Remembered;
+use recall_core::memory::message::Message;
+use recall_core::memory::summary::Remembered;
 
 /// Everything about a session but its messages.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

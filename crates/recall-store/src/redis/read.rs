@@ -9,8 +9,8 @@ use redis::Value;
 
 use super::keys::{bucket, BUCKETS};
 use super::{Redis, Stamp};
-use crate::memory::message::Message;
-use crate::store::{Kept, Listed, Loaded, Meta, StorageError};
+use crate::{Kept, Listed, Loaded, Meta, StorageError};
+use recall_core::memory::message::Message;
 
 impl Redis {
     pub async fn load(&self, id: &str) -> Result<Option<Loaded>, StorageError> {
@@ -47,7 +47,7 @@ impl Redis {
                 if let Some(fields) = late.remove(&seq) {
                     let fields = serde_json::from_str(&fields)
                         .map_err(|e| StorageError::Corrupt(format!("late fields of {id}: {e}")))?;
-                    crate::memory::interruption::merge_late_fields(&mut m, fields);
+                    recall_core::memory::interruption::merge_late_fields(&mut m, fields);
                 }
                 Ok(m)
             })

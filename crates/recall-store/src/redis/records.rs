@@ -11,9 +11,9 @@ use redis::{Script, Value};
 
 use super::read::decode;
 use super::Redis;
-use crate::memory::long_term::Record;
-use crate::store::records::stored::{body, record, to_blob, with_recalled, Held};
-use crate::store::StorageError;
+use crate::records::stored::{body, record, to_blob, with_recalled, Held};
+use crate::StorageError;
+use recall_core::memory::long_term::Record;
 
 /// KEYS: rec, vec, rver. ARGV: the version expected, how many ids are
 /// removed, those ids, then id, body, embedding of each record put.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::stored::{body, from_blob, to_blob};
 use super::*;
-use crate::config::{StorageBackend, StorageConfig};
-use crate::metrics::Metrics;
+use crate::tests::Unmeasured;
+use recall_core::config::{StorageBackend, StorageConfig};
 
 /// A database file removed, with its WAL, when dropped.
 struct TempDb(String);
@@ -73,7 +73,7 @@ async fn sqlite(test: &str) -> Backend {
     };
     Backend {
         name: "sqlite",
-        storage: Storage::open(&config, &Metrics::default()).await.unwrap(),
+        storage: Storage::open(&config, &Unmeasured).await.unwrap(),
         config,
         _db: Some(db),
     }
@@ -92,7 +92,7 @@ async fn backends(test: &str) -> Vec<Backend> {
     if let Some(config) = redis_config(test) {
         out.push(Backend {
             name: "redis",
-            storage: Storage::open(&config, &Metrics::default()).await.unwrap(),
+            storage: Storage::open(&config, &Unmeasured).await.unwrap(),
             config,
             _db: None,
         });
@@ -357,7 +357,7 @@ async fn sqlite_records_outlive_the_process() {
         ..
     } = b;
     drop(storage);
-    let again = Storage::open(&config, &Metrics::default()).await.unwrap();
+    let again = Storage::open(&config, &Unmeasured).await.unwrap();
     let held = Records::default().of(&again, &user).await.unwrap();
     assert_eq!((held.version, ids(&held)), (1, vec!["a"]));
     assert_eq!(*held.records[0].embedding, [0.5, -1.5]);
@@ -387,7 +387,7 @@ async fn redis_replicas_see_each_others_changes() {
     let Some(config) = redis_config("replicas") else {
         return;
     };
-    let metrics = Metrics::default();
+    let metrics = Unmeasured;
     let one = Storage::open(&config, &metrics).await.unwrap();
     let two = Storage::open(&config, &metrics).await.unwrap();
     let (here, there) = (Records::default(), Records::default());
@@ -420,7 +420,7 @@ async fn redis_corrupt_records_are_reported_as_such() {
     let Some(config) = redis_config("corrupt") else {
         return;
     };
-    let storage = Storage::open(&config, &Metrics::default()).await.unwrap();
+    let storage = Storage::open(&config, &Unmeasured).await.unwrap();
     let user = unique("corrupt");
     let mut conn = ::redis::Client::open(config.url.clone().unwrap())
         .unwrap()

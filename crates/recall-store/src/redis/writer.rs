@@ -54,7 +54,7 @@ use super::conn::{describe, Pool};
 use super::encode::{encode, Unit};
 use super::keys::{bucket, Keys};
 use super::{Stamp, RELEASE};
-use crate::store::{Batch, Faults, Fences, Op, Outcome, Refused};
+use crate::{Batch, Faults, Fences, Op, Outcome, Refused};
 
 /// Batches larger than this are split, to bound one script call's size.
 const MAX_BATCH_OPS: usize = 2048;
@@ -266,7 +266,7 @@ fn dispatch(
             let started = std::time::Instant::now();
             let results = apply_with_script(&w, &batches).await;
             w.writes.observe(started.elapsed().as_secs_f64());
-            crate::store::settle("redis", ops, &w.fences, batches, results);
+            crate::settle("redis", ops, &w.fences, batches, results);
             drop(landing);
         });
     }

@@ -61,7 +61,7 @@ use tokio_util::sync::CancellationToken;
 use self::conn::{Conn, Pool};
 use self::keys::Keys;
 use super::{Batch, Faults, Fences, Op, StorageError, Ticket};
-use crate::config::{RedisTarget, StorageConfig};
+use recall_core::config::{RedisTarget, StorageConfig};
 
 /// How often a waiting replica tries to take a lease.
 const CLAIM_POLL: Duration = Duration::from_millis(10);

@@ -11,7 +11,7 @@
 /// buckets cheap.
 pub const BUCKETS: u32 = 16;
 
-use crate::store::Kept;
+use crate::Kept;
 
 #[derive(Debug, Clone)]
 pub struct Keys {
