@@ -1,4 +1,4 @@
-//! See `recall::fuzzing::config_load` for what this drives and what it checks.
+//! See `recall_core::fuzzing::config_load` for what this drives and what it checks.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| recall::fuzzing::config_load(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| recall_core::fuzzing::config_load(data));

@@ -1,4 +1,4 @@
-//! See `recall::fuzzing::responses` for what this drives and what it checks.
+//! See `recall_core::fuzzing::responses` for what this drives and what it checks.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| recall::fuzzing::responses(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| recall_core::fuzzing::responses(data));

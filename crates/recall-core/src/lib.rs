@@ -7,10 +7,15 @@
 //! crate cannot reach them (it has no tokio, axum, HTTP client or storage
 //! among its dependencies).
 
+pub mod chat;
 pub mod clock;
 pub mod config;
+pub mod error;
 pub mod exchange;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod json;
 pub mod memory;
+pub mod responses;
 
 pub use config::Config;

@@ -7,11 +7,10 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::Extension;
 
-pub(crate) mod one_pass;
 pub(crate) mod request;
 
 use request::{one_streamed_choice, session_id};
-pub(crate) use request::{parse_body, request_of, request_with};
+pub(crate) use request::{parse_body, request_with};
 pub use request::{parse_request, ChatRequest};
 
 use super::observe::ServedBy;

@@ -9,6 +9,7 @@ pub mod long_term;
 pub mod message;
 pub mod reconcile;
 pub mod render;
+pub mod session_id;
 pub mod summary;
 pub mod text;
 pub mod tokens;

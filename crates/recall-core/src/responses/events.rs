@@ -26,8 +26,8 @@ use serde_json::{json, Value};
 use super::ids;
 use super::response::{Echo, Written};
 use super::usage::{usage, Usage};
+use crate::exchange::accumulate::Delta;
 use crate::json;
-use crate::proxy::accumulate::Delta;
 
 /// The stream of one response.
 pub struct Events {

@@ -19,10 +19,7 @@ use crate::memory::message::{check_messages, Message};
 /// The request's body without its `messages` (`[]` in their place) and
 /// the messages, checked: a `ChatRequest`'s parts. `None` where the
 /// general reading must decide.
-pub(crate) fn read(
-    bytes: &[u8],
-    max_messages: usize,
-) -> Option<(Map<String, Value>, Vec<Message>)> {
+pub fn read(bytes: &[u8], max_messages: usize) -> Option<(Map<String, Value>, Vec<Message>)> {
     let Body { body, messages } = serde_json::from_slice(bytes).ok()?;
     let messages = messages?;
     if messages.is_empty() || messages.len() > max_messages {
@@ -88,7 +85,7 @@ impl<'de> Visitor<'de> for BodyVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::chat::request::{parse_body, parse_request, request_of, ChatRequest};
+    use crate::chat::request::{parse_body, parse_request, request_of, ChatRequest};
 
     fn general(body: &str) -> Result<ChatRequest, String> {
         parse_body(body.as_bytes())

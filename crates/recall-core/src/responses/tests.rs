@@ -409,7 +409,7 @@ fn a_completion_that_repeats_a_key_is_read_with_the_last_one() {
 /// its own as the whole reading takes it sends the body to that reading.
 #[test]
 fn a_completion_read_from_the_relay_s_parts_is_the_one_read_whole() {
-    use crate::proxy::accumulate::completion_read;
+    use crate::exchange::accumulate::completion_read;
     let echo = Echo {
         id: "resp_x".into(),
         items: "x".into(),
@@ -567,7 +567,7 @@ fn a_completion_is_read_from_its_raw_json_as_leniently_as_before() {
 mod stream {
     use super::super::events::Events;
     use super::super::response::Echo;
-    use crate::proxy::accumulate::{Delta, Event};
+    use crate::exchange::accumulate::{Delta, Event};
     use serde_json::{json, Value};
 
     fn chunk(delta: Value, finish: Option<&str>) -> Delta {

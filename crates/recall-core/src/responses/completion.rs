@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::usage::Usage;
-use crate::proxy::accumulate::Parts;
+use crate::exchange::accumulate::Parts;
 
 /// A chat completion as far as a Response reads it. Made only by `read`
 /// and `of_parts`.

@@ -112,7 +112,7 @@ pub fn parse_item(id: &str) -> Option<(String, u64, usize)> {
 fn decode(b64: &str) -> Option<String> {
     let bytes = URL_SAFE_NO_PAD.decode(b64).ok()?;
     let id = String::from_utf8(bytes).ok()?;
-    crate::memory::session::validate_id(&id).ok()?;
+    crate::memory::session_id::validate_id(&id).ok()?;
     Some(id)
 }
 
