@@ -483,10 +483,12 @@ async fn million_sessions(mock: SocketAddr, rate: f64, secs: f64, repeat: usize)
 /// The naive hop's executable. It is an example of this package
 /// (benches/naive_hop.rs), and `cargo bench --bench load` builds no
 /// examples, so it is built here, once per run, by the cargo running this
-/// benchmark (`CARGO`) with the bench profile: the dependencies are the
-/// ones just built for the benchmark, so a fresh build only compiles and
-/// links the hop, and an unchanged one is a no-op. Its path is what cargo
-/// reports, wherever the target directory is.
+/// benchmark (`CARGO`) with the profile this benchmark was built with (the
+/// bench profile; the test profile under `cargo test --bench load`, as
+/// CI's smoke run does): the dependencies are the ones just built for the
+/// benchmark, so a fresh build only compiles and links the hop, and an
+/// unchanged one is a no-op. Its path is what cargo reports, wherever the
+/// target directory is.
 ///
 /// Without the variables cargo sets for the benchmark it runs
 /// (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`): some build scripts (ring's) rerun
@@ -514,8 +516,13 @@ fn naive_hop_exe() -> &'static str {
                 build.env_remove(name);
             }
         }
+        // This benchmark's own profile, by the folder cargo built it in
+        // (`target/debug/deps/load-...` for the test profile).
+        let exe = std::env::current_exe().unwrap_or_default();
+        let debug = exe.components().any(|c| c.as_os_str() == "debug");
+        let profile = if debug { "dev" } else { "bench" };
         let out = build
-            .args(["build", "--locked", "--quiet", "--profile", "bench"])
+            .args(["build", "--locked", "--quiet", "--profile", profile])
             .args(["--example", "naive_hop", "--message-format", "json"])
             .arg("--manifest-path")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
@@ -524,7 +531,7 @@ fn naive_hop_exe() -> &'static str {
             .unwrap_or_else(|e| panic!("cannot run {cargo} to build the naive hop: {e}"));
         assert!(
             out.status.success(),
-            "`cargo build --profile bench --example naive_hop` failed"
+            "`cargo build --profile {profile} --example naive_hop` failed"
         );
         String::from_utf8_lossy(&out.stdout)
             .lines()
