@@ -22,7 +22,7 @@ pub mod proxy;
 pub mod relay;
 pub mod server;
 pub use recall_store as store;
-pub mod summarizer;
+pub mod summaries;
 pub mod webhook;
 
 pub use config::Config;

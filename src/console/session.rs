@@ -246,7 +246,7 @@ pub async fn summary(
     let json = Body::from(json!({ "summary": text }).to_string());
     page::done_or_error(
         &ctx,
-        crate::api::memory::put_summary(State(app), target, json).await,
+        crate::summaries::routes::put_summary(State(app), target, json).await,
         &back,
     )
 }

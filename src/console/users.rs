@@ -11,7 +11,7 @@ use maud::html;
 use super::ctx::Ctx;
 use super::page::{self, csrf_field, when};
 use super::sessions::{segment, user_href};
-use crate::api::memory::UserTarget;
+use crate::api::users::UserTarget;
 use crate::api::PathParams;
 use crate::error::ApiError;
 use crate::memory::long_term::Record;
@@ -107,7 +107,7 @@ pub async fn delete_record(
     let back = user_href(&user.name);
     page::done_or_error(
         &ctx,
-        crate::api::memory::delete_record(State(app), user, path).await,
+        crate::long_term::routes::delete_record(State(app), user, path).await,
         &back,
     )
 }
@@ -119,7 +119,7 @@ pub async fn forget(
     user: UserTarget,
 ) -> Response {
     let back = user_href(&user.name);
-    match crate::api::memory::delete_user_memory(State(app), user).await {
+    match crate::api::users::delete_user_memory(State(app), user).await {
         // Nothing was left to forget: the page says so already.
         Ok(_) | Err(ApiError::Request(crate::error::RequestError::ObjectNotFound(_))) => {
             Redirect::to(&back).into_response()

@@ -1,11 +1,14 @@
-//! Long-term memory at the edge: a session's facts extracted into its
-//! user's records, and the records searched for a turn, off the hot path.
-//! The extract and embedding models are called through `models` (under
-//! the `Runner` the summaries use too), the records kept by
-//! `store::Records`; what to store, merge, rank and send is decided in
-//! `memory::long_term`. `jobs` runs both in the background for a session.
+//! Long-term memory: a session's facts extracted into its user's records,
+//! and the records searched for a turn, off the hot path. The extract and
+//! embedding models are called through `models` (under the `Runner` the
+//! summaries use too), the records kept by `store::Records`; what to
+//! store, merge, rank and send is decided in the core's
+//! `memory::long_term`. `jobs` runs both in the background for a session,
+//! `for_turn` gives a turn its facts, `routes` is the records API.
 
+pub(crate) mod for_turn;
 pub mod jobs;
+pub mod routes;
 
 use std::borrow::Borrow;
 use std::sync::Arc;

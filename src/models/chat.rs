@@ -1,6 +1,6 @@
 //! A chat model recall asks for itself (summaries, notes, facts):
-//! `ChatModel`, and its implementation over a configured upstream (a
-//! non-streaming chat completion, bounded by `max_tokens`, with a
+//! `ChatModel`, and its implementation over a configured upstream (the
+//! call its protocol writes: not streamed, bounded by `max_tokens`, with a
 //! `response_format` when an answer of a shape is asked for). `ModelError`
 //! is why any of recall's own model calls gave nothing.
 
@@ -9,13 +9,14 @@ use std::sync::Arc;
 use axum::http::{HeaderMap, Method};
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::structured::{self, Format, Formats, Shape};
 use crate::config::StructuredOutput;
 use crate::error::UpstreamError;
 use crate::metrics::Metrics;
 use crate::proxy::client;
+use crate::proxy::protocol::Protocol;
 use crate::proxy::upstream::Upstream;
 use recall_core::memory::long_term::Malformed;
 use recall_core::memory::summary::Rejected;
@@ -103,14 +104,12 @@ impl UpstreamChat {
     }
 
     async fn ask(&self, ask: &Ask, response_format: Option<Value>) -> Result<Answer, ModelError> {
-        let mut body = json!({
-            "model": self.model, "messages": ask.messages, "stream": false,
-            "max_tokens": ask.max_tokens,
-        });
-        if let Some(f) = response_format {
-            body["response_format"] = f;
-        }
-        answer(&call(&self.upstream, None, &body).await?)
+        let protocol = self.upstream.protocol;
+        let body = protocol.ask_body(&self.model, &ask.messages, ask.max_tokens, response_format);
+        answer(
+            protocol,
+            &call(&self.upstream, protocol.ask_path(), body).await?,
+        )
     }
 
     /// `ask` with its shape asked for the way the upstream takes, stepping
@@ -165,25 +164,25 @@ impl ChatModel for UpstreamChat {
 }
 
 /// The body of a successful answer to `body` posted to the upstream's
-/// chat completions, or with `path` to that path; an error status is an
-/// error, with the upstream's message.
+/// `path` (one its protocol names); an error status is an error, with the
+/// upstream's message.
 pub(super) async fn call(
     upstream: &Upstream,
-    path: Option<&str>,
-    body: &Value,
+    path: &str,
+    body: Vec<u8>,
 ) -> Result<Vec<u8>, ModelError> {
     // A place under the upstream's `max_concurrent`: behind live requests
     // for a background job's call.
     let _slot = super::background::slot(upstream).await?;
-    let body = body.to_string().into();
-    let resp = match path {
-        None => upstream.send_turn(&HeaderMap::new(), body).await?,
-        Some(path) => {
-            let headers = HeaderMap::new();
-            upstream
-                .send(Method::POST, path, &headers, Some(body))
-                .await?
-        }
+    let body = body.into();
+    let resp = if path == upstream.protocol.turn_path() {
+        // The turn's URL, parsed once when the upstream started.
+        upstream.send_turn(&HeaderMap::new(), body).await?
+    } else {
+        let headers = HeaderMap::new();
+        upstream
+            .send(Method::POST, path, &headers, Some(body))
+            .await?
     };
     let status = resp.status();
     let bytes = read(upstream, resp).await?;
@@ -211,24 +210,15 @@ async fn read(upstream: &Upstream, resp: client::Response) -> Result<Vec<u8>, Mo
     Ok(all)
 }
 
-/// The text of a chat completion's first choice, and whether it stopped
+/// The answer's text, as its protocol reads it, and whether it stopped
 /// at `max_tokens`.
-pub(crate) fn answer(body: &[u8]) -> Result<Answer, ModelError> {
-    let v: Value =
-        serde_json::from_slice(body).map_err(|e| ModelError::NotACompletion(e.to_string()))?;
-    let choice = &v["choices"][0];
-    let text = match &choice["message"]["content"] {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => {
-            return Err(ModelError::NotACompletion(format!(
-                "its content is {other}"
-            )))
-        }
-    };
+pub(crate) fn answer(protocol: Protocol, body: &[u8]) -> Result<Answer, ModelError> {
+    let said = protocol
+        .read_said(body)
+        .map_err(ModelError::NotACompletion)?;
     Ok(Answer {
-        text,
-        cut_off: choice["finish_reason"] == "length",
+        text: said.text,
+        cut_off: said.cut_off,
     })
 }
 

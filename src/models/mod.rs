@@ -19,6 +19,3 @@ pub mod structured;
 pub use chat::{Answer, Ask, ChatModel, ModelError, UpstreamChat};
 pub use embedding::{EmbeddingModel, UpstreamEmbedding};
 pub use runner::{Runner, RunnerLimits};
-
-#[cfg(test)]
-pub(crate) use chat::answer;

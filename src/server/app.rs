@@ -18,7 +18,7 @@ use crate::proxy::cache::AnswerCache;
 use crate::proxy::gate::{Acquire, Gate, Place};
 use crate::proxy::upstream::{BuildError, Upstreams};
 use crate::store::{Notes, Records, Storage};
-use crate::summarizer::Summarizer;
+use crate::summaries::Summarizer;
 use crate::webhook::{LogOnly, Notifier, Webhook};
 
 pub struct App {

@@ -12,7 +12,7 @@ use crate::memory::session::{EndWhen, Session};
 use crate::server::app::App;
 use crate::store::StorageError;
 use crate::store::{Op, Wait};
-use crate::summarizer::carry;
+use crate::summaries::carry;
 use crate::webhook::{EndReason, Event};
 
 /// How often idle sessions are looked for.
@@ -133,7 +133,7 @@ async fn end_when(
 
 /// With `[memory] carry_over`, the model that folds what an ended session
 /// leaves into its user's note, in the background.
-fn carrier(app: &App) -> Option<&Arc<crate::summarizer::Summarizer>> {
+fn carrier(app: &App) -> Option<&Arc<crate::summaries::Summarizer>> {
     app.summarizer
         .as_ref()
         .filter(|_| app.config.memory.carry_over)

@@ -14,7 +14,7 @@ pub(crate) use request::{parse_body, request_with};
 pub use request::{parse_request, ChatRequest};
 
 use super::observe::ServedBy;
-use super::turn::{run, Arrival, Joining, Target, Turn};
+use super::turn::{run, Arrival, Turn};
 use super::PathParams;
 use crate::error::ApiError;
 use crate::server::app::App;
@@ -36,18 +36,13 @@ pub async fn completions(
     if session_id.is_some() {
         one_streamed_choice(&body)?;
     }
-    let session = session_id.map(|id| Target {
-        id: access.internal(&id).into_owned(),
-        joins: Joining::Reconcile,
-        missing: None,
-    });
+    let session = session_id.map(|id| access.internal(&id).into_owned());
     let turn = Turn {
         arrival,
         body,
         messages,
         session,
         served: served.map(|Extension(s)| s),
-        readings: None,
     };
     Ok(run(&app, turn).await?.response)
 }

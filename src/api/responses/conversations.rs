@@ -18,14 +18,15 @@ use super::read::{page, PageQuery};
 use super::request::items_to_messages;
 use super::{ids, items};
 use crate::api::auth::Access;
-use crate::api::memory;
 use crate::api::sessions::{self, Target, Turns};
+use crate::api::users::metadata_user;
 use crate::api::{PathParams, QueryParams};
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::interruption;
 use crate::memory::message::Message;
 use crate::memory::session::Session;
 use crate::server::app::App;
+use crate::summaries::turn::note_of;
 
 /// OpenAI's limit on the items a conversation is created with.
 const MAX_NEW_ITEMS: usize = 20;
@@ -154,9 +155,9 @@ pub async fn create(
     };
     let now = app.policy.clock.now_ms();
     // A user named in the metadata gets their note carried in.
-    let user = memory::metadata_user(&app, &access, &metadata);
+    let user = metadata_user(&app, &access, &metadata);
     let note = match &user {
-        Some((key, _)) => memory::note_of(&app, key).await,
+        Some((key, _)) => note_of(&app, key).await,
         None => None,
     };
     let (session, ()) = sessions::write(&app, &target, true, Turns::Wait, |s| {
@@ -194,7 +195,7 @@ pub async fn update(
     existing(&app, &target).await?;
     let now = app.policy.clock.now_ms();
     let access = access.map_or(Access::All, |Extension(a)| a);
-    let user = memory::metadata_user(&app, &access, &metadata);
+    let user = metadata_user(&app, &access, &metadata);
     let (session, ()) = sessions::write(&app, &target, false, Turns::Wait, |s| {
         if let Some((key, name)) = &user {
             s.carry(key, name, None);

@@ -1,9 +1,10 @@
 //! `POST /v1/responses`: a Responses request run through the chat path.
 //!
 //! translate → the session it continues (a chain, a conversation, or
-//! nothing kept) → its input marked as the response → the chat path
-//! (window, vendor mode, interruptions, cache, metrics) → the answer
-//! translated back. Everything that can reject the request happens before
+//! nothing kept) → its input marked as the response → the turn's stages
+//! with this API's own open (`open.rs`): route → open → instructions →
+//! cache → send (window, vendor mode, interruptions, cache, metrics) →
+//! the answer translated back. Everything that can reject the request happens before
 //! the session is touched.
 
 use std::collections::HashMap;
@@ -16,12 +17,13 @@ use axum::Extension;
 use serde_json::{Map, Value};
 
 use super::ids;
+use super::open::{Continues, Target};
 use super::request::translate;
 use super::response::{Echo, ECHOED};
 use crate::api::auth::Access;
 use crate::api::chat;
 use crate::api::observe::ServedBy;
-use crate::api::turn::{self, Arrival, Joining, Target, Turn};
+use crate::api::turn::{self, Arrival, Turn};
 use crate::api::PathParams;
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::chain;
@@ -112,16 +114,19 @@ pub async fn create(
         conversation.as_ref(),
     )
     .await?;
-    let readings = Readings::default();
     let turn = Turn {
         arrival,
         body: chat_body,
         messages,
-        session: Some(target),
+        session: Some(target.id.clone()),
         served: served.map(|Extension(s)| s),
-        readings: Some(readings.clone()),
     };
-    let ran = turn::run(&app, turn).await?;
+    // The turn's stages, with this API's own open; the relay keeps what
+    // it parsed of the answer for the translation back.
+    let mut plan = turn::route(&app, turn)?;
+    let opened = super::open::open(&app, &mut plan, target).await?;
+    let readings = Readings::default();
+    let ran = turn::after_open(&app, plan, opened, Some(readings.clone())).await?;
     let internal = ran.session.unwrap_or_default();
     let session = access.show(&internal).unwrap_or(&internal);
     let echo = Echo {
@@ -217,16 +222,20 @@ async fn target(
         let unstored = access.internal(&ids::new_session("unstored")).into_owned();
         return Ok(Target {
             id: unstored,
-            joins: Joining::Unstored(history),
+            continues: Continues::Unstored(history),
             missing: None,
         });
     }
     let joins = match joins {
-        Some(response) => Joining::After {
+        Some(response) => Continues::After {
             response,
             fork_to: access.internal(&ids::new_session("chain")).into_owned(),
         },
-        None => Joining::Append,
+        None => Continues::Append,
     };
-    Ok(Target { id, joins, missing })
+    Ok(Target {
+        id,
+        continues: joins,
+        missing,
+    })
 }

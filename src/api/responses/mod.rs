@@ -1,6 +1,6 @@
 //! The Responses and Conversations APIs over any chat-completions
 //! upstream, on the chat path:
-//! - `create`: `POST /v1/responses`; `read`: `GET`/`DELETE` and
+//! - `create`: `POST /v1/responses`, its own open stage in `open`; `read`: `GET`/`DELETE` and
 //!   `input_items`; `conversations`: conversations as sessions;
 //! - `answer`: the chat path's answer as a Response or as the event
 //!   stream;
@@ -10,6 +10,7 @@
 mod answer;
 pub mod conversations;
 mod create;
+mod open;
 mod read;
 
 pub use create::create;

@@ -235,3 +235,25 @@ pub(crate) fn no_instructions(messages: &[Message]) -> Result<(), ApiError> {
     )
     .into())
 }
+
+/// The non-empty string of at most `max` characters under `key` of an
+/// object body: what the model's own answer would have to be.
+pub(crate) fn text_field(body: Value, key: &str, max: usize) -> Result<String, ApiError> {
+    let Value::Object(mut o) = body else {
+        let message = format!("the body must be an object with `{key}`");
+        return Err(RequestError::invalid(message, None).into());
+    };
+    let text = match o.remove(key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => s,
+        _ => {
+            let message = format!("`{key}` must be a non-empty string");
+            return Err(RequestError::invalid(message, Some(key)).into());
+        }
+    };
+    let n = text.chars().count();
+    if n > max {
+        let message = format!("`{key}` is {n} characters long, more than the {max} allowed");
+        return Err(RequestError::invalid(message, Some(key)).into());
+    }
+    Ok(text)
+}

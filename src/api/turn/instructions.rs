@@ -13,7 +13,7 @@ pub(super) fn assemble(app: &App, plan: &mut Plan, opened: &mut Opened) -> Vec<M
         .iter()
         .cloned()
         .chain(std::mem::take(&mut opened.prepared.system_messages))
-        .chain(crate::api::memory::injected(
+        .chain(crate::summaries::turn::injected(
             &app.config.memory,
             &opened.prepared.remembered,
         ))

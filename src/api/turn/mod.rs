@@ -1,9 +1,13 @@
 //! A turn, in named stages: chat's handler and the Responses API's each
-//! parse their own request into a [`Turn`], and [`run`] takes it through
+//! parse their own request into a [`Turn`], and take it through
 //!
 //!   route → open → instructions → cache → send
 //!
-//! over one [`Plan`], each stage a function of its own file. What a turn
+//! over one [`Plan`], each stage a function of its own file. Chat's
+//! [`run`] opens by reconciling the request with the session's history;
+//! the Responses API opens its own way (a chain, a fork, a copy outside
+//! the store) with the same pieces ([`begin_in`], [`opened`]) and then
+//! runs the same stages after open ([`after_open`]). What a turn
 //! records, its reply, is written by the flight `open` begins, as the
 //! relay (or a cache hit) completes it. Everything that can reject the
 //! request happens before the session is touched, so a rejected request
@@ -22,11 +26,12 @@ mod open;
 mod route;
 mod send;
 
-pub(crate) use route::Plan;
+pub(crate) use open::{begin_in, opened, request, Admission, Opened};
+pub(crate) use route::{route, Plan};
 
 use super::auth::Access;
 use super::observe::ServedBy;
-use crate::error::{ApiError, NotFound};
+use crate::error::ApiError;
 use crate::memory::message::Message;
 use crate::relay::Readings;
 use crate::server::app::App;
@@ -70,35 +75,10 @@ pub(crate) struct Turn {
     /// The body without `messages`.
     pub body: Map<String, Value>,
     pub messages: Vec<Message>,
-    /// None: stateless, the client's messages are sent as they are.
-    pub session: Option<Target>,
+    /// The internal id (`Access::internal`) of the session the turn runs
+    /// in; none: stateless, the client's messages are sent as they are.
+    pub session: Option<String>,
     pub served: Option<ServedBy>,
-    /// Set when recall reads the answer again (`Readings`).
-    pub readings: Option<Readings>,
-}
-
-/// The session a turn runs in, and how its messages join it.
-pub(crate) struct Target {
-    /// The internal id (`Access::internal`).
-    pub id: String,
-    pub joins: Joining,
-    /// The session must exist (and for `Joining::After`, hold the
-    /// response): else this is the answer, and nothing is created.
-    pub missing: Option<NotFound>,
-}
-
-pub(crate) enum Joining {
-    Reconcile,
-    Append,
-    /// After a response; if later messages follow it, the turn forks into
-    /// a new session under `fork_to`.
-    After {
-        response: String,
-        fork_to: String,
-    },
-    /// A session outside the store that starts from this history and
-    /// records nothing.
-    Unstored(Vec<Arc<Message>>),
 }
 
 /// A turn that ran: the response for the client, and where it went.
@@ -111,15 +91,31 @@ pub(crate) struct Ran {
     pub reply_seq: u64,
 }
 
-/// The turn, stage by stage.
+/// Chat's turn, stage by stage: route → open (reconciled with the
+/// session's history) → the stages after open.
 pub(crate) async fn run(app: &Arc<App>, turn: Turn) -> Result<Ran, ApiError> {
-    let mut plan = route::route(app, turn)?;
-    let mut opened = open::open(app, &mut plan).await?;
+    let mut plan = route(app, turn)?;
+    let opened = open::open(app, &mut plan).await?;
+    after_open(app, plan, opened, None).await
+}
+
+/// The stages after a turn's session is open: instructions → cache →
+/// send. The Responses API composes its own open with these; `readings`
+/// is where the relay keeps what it parsed, for a caller that reads the
+/// answer again.
+pub(crate) async fn after_open(
+    app: &Arc<App>,
+    mut plan: Plan,
+    mut opened: Opened,
+    readings: Option<Readings>,
+) -> Result<Ran, ApiError> {
     let instructions = instructions::assemble(app, &mut plan, &mut opened);
     let (session, reply_seq) = (opened.session.clone(), opened.prepared.reply_seq);
     let response = match cache::look_up(app, &plan, &opened, &instructions).await? {
         cache::Looked::Hit(response) => response,
-        cache::Looked::Miss(key) => send::send(app, plan, opened, instructions, key).await?,
+        cache::Looked::Miss(key) => {
+            send::send(app, plan, opened, instructions, key, readings).await?
+        }
     };
     Ok(Ran {
         response,

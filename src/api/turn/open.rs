@@ -1,24 +1,26 @@
 //! Open: the turn's session found or created, its lease taken with shared
-//! storage, and the turn begun in it (forked into a new session when the
-//! Responses API continues from an older response); a fold started if one
-//! is due, and the user's long-term facts read. A stateless turn opens no
-//! session and sends the client's messages as they are.
+//! storage, and the turn begun in it (`begin_in`); a fold started if one
+//! is due, and the user's long-term facts read (`opened`). Chat's `open`
+//! reconciles the request with the history; the Responses API's own open
+//! (`api/responses/open.rs`) appends, forks or copies with the same
+//! pieces. A stateless turn opens no session and sends the client's
+//! messages as they are.
 
 use std::sync::Arc;
 
-use super::{Joining, Plan, Target};
+use super::Plan;
 use crate::api::chat::request::{idempotency_key, retrying};
 use crate::config::OnNewRequest;
 use crate::error::{ApiError, NotFound, RequestError};
 use crate::memory::message::Message;
-use crate::memory::session::{self, Joins, Refused, Reply, Session, TurnRequest};
+use crate::memory::session::{self, Joins, Refused, Reply, TurnRequest};
 use crate::memory::tokens::Encoding;
 use crate::proxy::gate::{Acquire, Place};
 use crate::server::app::App;
 use crate::store::Wait;
 
 /// A turn begun in its session (or stateless).
-pub(super) struct Opened {
+pub(crate) struct Opened {
     /// What the session sends and remembers for this turn.
     pub prepared: session::Prepared,
     /// The turn's reply: what records it.
@@ -33,10 +35,12 @@ pub(super) struct Opened {
     pub admission: Admission,
 }
 
+/// Chat's open: the request reconciled with the session's history, or
+/// stateless when it names no session.
 pub(super) async fn open(app: &Arc<App>, plan: &mut Plan) -> Result<Opened, ApiError> {
     let mut admission = Admission::default();
     let conversation = std::mem::take(&mut plan.conversation);
-    let Some(target) = plan.session.take() else {
+    let Some(id) = plan.session.clone() else {
         // Stateless: the client manages its own history; send it as is.
         admission.take(app, || None)?;
         return Ok(Opened {
@@ -47,8 +51,24 @@ pub(super) async fn open(app: &Arc<App>, plan: &mut Plan) -> Result<Opened, ApiE
             admission,
         });
     };
-    let turn = TurnRequest {
-        incoming: &conversation,
+    let turn = request(app, plan, &conversation, Joins::Reconcile).await;
+    match begin_in(app, &id, &turn, None, &mut admission).await? {
+        Ok((prepared, flight)) => Ok(opened(app, prepared, flight, id, admission).await),
+        // Only `Joins::After` forks.
+        Err(_) => Err(ApiError::Internal),
+    }
+}
+
+/// What a session is asked to begin: the plan's `conversation`, joining
+/// the history as `joins` says.
+pub(crate) async fn request<'a>(
+    app: &App,
+    plan: &'a Plan,
+    conversation: &'a [Message],
+    joins: Joins<'a>,
+) -> TurnRequest<'a> {
+    TurnRequest {
+        incoming: conversation,
         user: plan.user.as_deref(),
         memory_user: plan.memory_user.as_deref(),
         encoding: token_encoding(app, &plan.model).await,
@@ -57,13 +77,24 @@ pub(super) async fn open(app: &Arc<App>, plan: &mut Plan) -> Result<Opened, ApiE
         idempotency_key: idempotency_key(&plan.headers),
         rules: &plan.upstream.rules,
         fallback_rules: plan.fallback.as_ref().map(|f| &f.rules),
-        joins: Joins::Reconcile,
+        joins,
         place: None,
-    };
-    let (mut prepared, flight, id) = open_turn(app, target, turn, &mut admission).await?;
+    }
+}
+
+/// A turn begun in session `id`: the fold it made due started, the
+/// user's message handed to the reply to wait for, the user's long-term
+/// facts read.
+pub(crate) async fn opened(
+    app: &Arc<App>,
+    mut prepared: session::Prepared,
+    flight: Arc<Reply>,
+    id: String,
+    admission: Admission,
+) -> Opened {
     tracing::Span::current().record("turn", prepared.turn_id);
     if let Some(fold) = prepared.fold.take() {
-        crate::api::memory::start_fold(app, &id, fold);
+        crate::summaries::folds::start_fold(app, &id, fold);
     }
     // The upstream call does not wait for the user's message to be
     // stored: the two overlap, and the reply's end (what tells the client
@@ -77,27 +108,27 @@ pub(super) async fn open(app: &Arc<App>, plan: &mut Plan) -> Result<Opened, ApiE
         // turn's future.
         let gone = crate::relay::GoneGuard::armed(&flight);
         let due = std::mem::take(&mut prepared.long_term);
-        facts = Box::pin(crate::api::memory::long_term::for_turn(app, &id, due)).await;
+        facts = Box::pin(crate::long_term::for_turn::for_turn(app, &id, due)).await;
         gone.disarm();
     }
-    Ok(Opened {
+    Opened {
         prepared,
         flight,
         session: Some(id),
         facts,
         admission,
-    })
+    }
 }
 
-/// A turn begun: what it sends, its reply, and the session it is in.
-type Begun = (session::Prepared, Arc<Reply>, String);
+/// A turn begun in its session: what it sends, and its reply.
+pub(crate) type Begun = (session::Prepared, Arc<Reply>);
 
 /// A turn's place under `max_concurrent_upstream` (`App::upstream_slot`),
 /// taken once, just before the turn may cut its session's reply in
 /// flight: a request refused for want of a slot has changed nothing, and
 /// one that will cut the reply claims that reply's slot before it cuts.
 #[derive(Default)]
-pub(super) struct Admission {
+pub(crate) struct Admission {
     taken: bool,
     slot: Option<Acquire>,
 }
@@ -105,7 +136,7 @@ pub(super) struct Admission {
 impl Admission {
     /// Takes the place, unless it is taken; `cutting`: the place of the
     /// reply in flight this turn will cut.
-    pub(super) fn take(
+    pub(crate) fn take(
         &mut self,
         app: &App,
         cutting: impl FnOnce() -> Option<Arc<Place>>,
@@ -117,7 +148,7 @@ impl Admission {
         Ok(())
     }
 
-    fn place(&self) -> Option<&Arc<Place>> {
+    pub(crate) fn place(&self) -> Option<&Arc<Place>> {
         self.slot.as_ref()?.place()
     }
 
@@ -127,77 +158,18 @@ impl Admission {
     }
 }
 
-/// Begins `turn` in the session `target` names, as `target.joins` says.
-async fn open_turn(
-    app: &App,
-    target: Target,
-    turn: TurnRequest<'_>,
-    admission: &mut Admission,
-) -> Result<Begun, ApiError> {
-    let Target { id, joins, missing } = target;
-    let missing = missing.as_ref();
-    match joins {
-        Joining::Reconcile | Joining::Append => {
-            let joins = match joins {
-                Joining::Append => Joins::Append,
-                _ => Joins::Reconcile,
-            };
-            let turn = TurnRequest { joins, ..turn };
-            match open_in(app, &id, &turn, missing, admission).await? {
-                Ok((prepared, flight)) => Ok((prepared, flight, id)),
-                // Only `Joins::After` forks.
-                Err(_) => Err(ApiError::Internal),
-            }
-        }
-        Joining::After { response, fork_to } => {
-            let after = TurnRequest {
-                joins: Joins::After(&response),
-                ..turn
-            };
-            let history = match open_in(app, &id, &after, missing, admission).await? {
-                Ok((prepared, flight)) => return Ok((prepared, flight, id)),
-                Err(history) => history,
-            };
-            let fork = TurnRequest {
-                joins: Joins::Fork(&history),
-                ..after
-            };
-            match open_in(app, &fork_to, &fork, None, admission).await? {
-                Ok((prepared, flight)) => Ok((prepared, flight, fork_to)),
-                Err(_) => Err(ApiError::Internal),
-            }
-        }
-        Joining::Unstored(history) => {
-            admission.take(app, || None)?;
-            let turn = TurnRequest {
-                joins: Joins::Fork(&history),
-                place: admission.place(),
-                ..turn
-            };
-            let session = Session::unstored(&id, turn.now_ms);
-            match session.begin(&app.unstored, &turn) {
-                Ok((prepared, flight)) => Ok((prepared, Arc::new(flight), id)),
-                Err(refused) => {
-                    tracing::error!(?refused, "a new unstored session refused its turn");
-                    Err(ApiError::Internal)
-                }
-            }
-        }
-    }
-}
-
 /// Begins a turn in session `id`, creating the session if needed (unless
 /// `missing` says it must exist). A session that ended while this request
 /// held it is looked up again (and so started anew). `Err(history)`: the
 /// turn forks from that history, and its place under
 /// `max_concurrent_upstream` is given back.
-async fn open_in(
+pub(crate) async fn begin_in(
     app: &App,
     id: &str,
     turn: &TurnRequest<'_>,
     missing: Option<&NotFound>,
     admission: &mut Admission,
-) -> Result<Result<(session::Prepared, Arc<Reply>), Vec<Arc<Message>>>, ApiError> {
+) -> Result<Result<Begun, Vec<Arc<Message>>>, ApiError> {
     let now = turn.now_ms;
     let busy = || ApiError::from(RequestError::Busy { id: id.to_owned() });
     let storage = &app.policy.storage;
@@ -270,7 +242,7 @@ async fn open_in(
             if let (Some(key), Some(user), true) =
                 (turn.memory_user, turn.user, app.config.memory.carry_over)
             {
-                crate::api::memory::carry_in(app, &session, key, user).await;
+                crate::summaries::turn::carry_in(app, &session, key, user).await;
             }
         }
         match session.begin(&app.policy, turn) {

@@ -7,13 +7,12 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
-use super::{Arrival, Target, Turn};
+use super::{Arrival, Turn};
 use crate::api::auth::Access;
 use crate::api::chat::request::{label_user, user_id};
 use crate::error::{ApiError, RequestError};
 use crate::memory::message::{leading_instructions, Message};
 use crate::proxy::upstream::Upstream;
-use crate::relay::Readings;
 use crate::server::app::App;
 
 /// A turn routed: what every later stage reads (and `open` takes the
@@ -37,12 +36,12 @@ pub(crate) struct Plan {
     /// steer this request. One the client placed inside it stays there.
     pub instructions: Vec<Message>,
     pub conversation: Vec<Message>,
-    pub session: Option<Target>,
-    pub readings: Option<Readings>,
+    /// The internal id of the session the turn runs in; none: stateless.
+    pub session: Option<String>,
     pub now_ms: i64,
 }
 
-pub(super) fn route(app: &App, turn: Turn) -> Result<Plan, ApiError> {
+pub(crate) fn route(app: &App, turn: Turn) -> Result<Plan, ApiError> {
     let Turn {
         arrival: Arrival {
             access,
@@ -53,7 +52,6 @@ pub(super) fn route(app: &App, turn: Turn) -> Result<Plan, ApiError> {
         messages,
         session,
         served,
-        readings,
     } = turn;
     let user = user_id(app, &headers)?;
     let model = match body.get("model") {
@@ -76,8 +74,8 @@ pub(super) fn route(app: &App, turn: Turn) -> Result<Plan, ApiError> {
     if let Some(served) = &served {
         served.note(&upstream.name);
     }
-    if let Some(target) = &session {
-        tracing::Span::current().record("session", target.id.as_str());
+    if let Some(id) = &session {
+        tracing::Span::current().record("session", id.as_str());
     }
     let mut instructions = messages;
     let mut conversation = instructions.split_off(leading_instructions(&instructions));
@@ -102,7 +100,6 @@ pub(super) fn route(app: &App, turn: Turn) -> Result<Plan, ApiError> {
         instructions,
         conversation,
         session,
-        readings,
         now_ms: app.policy.clock.now_ms(),
     })
 }

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::memory::message::Message;
 use crate::proxy::cache::Key;
 use crate::proxy::protocol::TurnInfo;
-use crate::relay::{self, Exchange};
+use crate::relay::{self, Exchange, Readings};
 use crate::server::app::App;
 
 pub(super) async fn send(
@@ -23,6 +23,7 @@ pub(super) async fn send(
     opened: Opened,
     instructions: Vec<Message>,
     cache_key: Option<Key>,
+    readings: Option<Readings>,
 ) -> Result<Response, ApiError> {
     let Plan {
         headers,
@@ -30,7 +31,6 @@ pub(super) async fn send(
         body,
         upstream,
         fallback,
-        readings,
         now_ms: now,
         ..
     } = plan;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::facts::Recall;
 use super::state::State;
 use super::{Policy, Refused, Session};
 use crate::config::OnNewRequest;
+use crate::memory::long_term::session::Recall;
 use crate::memory::message::Message;
 use crate::memory::summary::Remembered;
 use crate::memory::turns;

@@ -5,8 +5,8 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::facts::Recall;
 use super::Session;
+use crate::memory::long_term::session::Recall;
 use crate::memory::long_term::Fact;
 use crate::memory::message::Message;
 use crate::memory::summary::Remembered;

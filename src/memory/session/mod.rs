@@ -21,7 +21,6 @@
 
 mod admin;
 mod console;
-mod facts;
 mod items;
 mod long_term;
 mod persist;
@@ -35,10 +34,9 @@ mod turn;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use crate::memory::long_term::session::{ExtractNow, Extraction, LongTermDue, Query, Recall};
 pub use admin::{Appended, EndWhen, Ended, Overview};
 pub use console::{Glance, Seen};
-pub use facts::{Query, Recall};
-pub use long_term::{ExtractNow, Extraction, LongTermDue};
 pub use record::Interrupted;
 pub use remember::{Applied, FoldNow};
 pub use reply::Reply;

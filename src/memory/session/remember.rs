@@ -2,7 +2,7 @@
 //! summary is due, a fold's answer applied (if the summary it extends
 //! still holds), a summary set by hand, and the note carried in from its
 //! user's last session. The fold itself (the summary model's call) runs
-//! outside, in `crate::summarizer`.
+//! outside, in `crate::summaries`.
 
 use super::state::State;
 use super::{Policy, Refused, Session};

@@ -10,7 +10,7 @@ use crate::memory::message::Message;
 use crate::memory::summary::{Folded, Remembered};
 use crate::store::{Claim, Loaded, Meta};
 
-use super::facts::LongTermState;
+use crate::memory::long_term::session::LongTermState;
 
 /// What a session's state holds of this process's work, not stored.
 pub(super) struct Unstored {

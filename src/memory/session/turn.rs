@@ -4,13 +4,13 @@
 
 use std::sync::{Arc, MutexGuard};
 
-use super::long_term::LongTermDue;
 use super::state::State;
 use super::{shared, Policy, Reply, Session};
 use crate::config::OnNewRequest;
 use crate::memory::chain::{self, Continue};
 use crate::memory::inflight::{Happened, InFlight};
 use crate::memory::interruption::{self, Closed, Spoken};
+use crate::memory::long_term::session::LongTermDue;
 use crate::memory::message::Message;
 use crate::memory::reconcile::{self, Hints, Reconciled, Rewrite};
 use crate::memory::render;

@@ -6,6 +6,7 @@
 pub mod headings;
 pub mod hybrid;
 pub mod lenient;
+pub mod session;
 pub mod supersede;
 pub mod verbatim;
 pub mod words;

@@ -1,14 +1,15 @@
 //! The seam between recall and an upstream's protocol: where a turn is
 //! sent, the body it is sent as, how the answer is read (a stream's events,
-//! a whole completion), and the shape of an answer recall gives itself
-//! (from the answer cache).
+//! a whole completion), the shape of an answer recall gives itself (from
+//! the answer cache), and the calls recall makes for itself (a summary, a
+//! note, facts; embeddings) with their answers.
 //!
 //! One protocol is spoken today, OpenAI's chat completions, which every
 //! OpenAI-compatible server (llama.cpp, vLLM, Ollama, the hosted APIs)
 //! serves. Another is a variant here and a file beside `chat_body.rs`: the
 //! matches below are where it must say what it does, and the callers (the
-//! upstream client, the relay, the chat turn) ask the protocol rather than
-//! knowing a path or a wire shape.
+//! upstream client, the relay, the chat turn, recall's own models) ask the
+//! protocol rather than knowing a path or a wire shape.
 
 use std::borrow::Borrow;
 
@@ -18,9 +19,13 @@ use crate::config::UpstreamConfig;
 use crate::exchange::accumulate::{self, CompletionRead, Event};
 use crate::memory::message::Message;
 
+mod asks;
 mod cached;
 mod chat_body;
+mod embeddings;
 mod rules;
+
+pub use asks::Said;
 
 pub use chat_body::RECALL_SUMMARY;
 pub use rules::{TurnInfo, VendorRules};
@@ -103,6 +108,57 @@ impl Protocol {
     ) -> String {
         match self {
             Protocol::ChatCompletions => cached::stream(model, text, created_ms, include_usage),
+        }
+    }
+
+    /// Where recall's own calls for an answer go (a summary, a note,
+    /// facts), relative to the upstream's base URL: a turn's path.
+    pub fn ask_path(self) -> &'static str {
+        self.turn_path()
+    }
+
+    /// The body of one of recall's own calls: `messages` answered, not
+    /// streamed, in at most `max_tokens`, in `response_format`'s shape
+    /// when one is given.
+    pub fn ask_body(
+        self,
+        model: &str,
+        messages: &[Value],
+        max_tokens: u32,
+        response_format: Option<Value>,
+    ) -> Vec<u8> {
+        match self {
+            Protocol::ChatCompletions => asks::body(model, messages, max_tokens, response_format),
+        }
+    }
+
+    /// The answer to one of recall's own calls; else why the body is not
+    /// one.
+    pub fn read_said(self, body: &[u8]) -> Result<Said, String> {
+        match self {
+            Protocol::ChatCompletions => asks::read(body),
+        }
+    }
+
+    /// Where embeddings are asked for, relative to the base URL.
+    pub fn embeddings_path(self) -> &'static str {
+        match self {
+            Protocol::ChatCompletions => "/embeddings",
+        }
+    }
+
+    /// The request for `texts`' vectors, each in `encoding_format`.
+    pub fn embeddings_body(self, model: &str, texts: &[String], encoding_format: &str) -> Vec<u8> {
+        match self {
+            Protocol::ChatCompletions => embeddings::body(model, texts, encoding_format),
+        }
+    }
+
+    /// The `n` vectors of an embeddings answer, in input order; else what
+    /// is wrong with it.
+    pub fn read_embeddings(self, body: &[u8], n: usize) -> Result<Vec<Vec<f32>>, String> {
+        match self {
+            Protocol::ChatCompletions => embeddings::vectors(body, n),
         }
     }
 }

@@ -1,12 +1,17 @@
-//! The summary model's jobs: a fold of a session's running summary, and a
-//! note carried into a user's next session. Each runs off the hot path,
-//! under a global limit (`summary_concurrency`), with a timeout per call
-//! and attempts with a doubling pause between them. Only what the model
-//! answered, and what `summary::accept` takes for a summary, is returned.
-//! The model itself is behind `ChatModel`: the configured upstream in
-//! the server, a script in the tests.
+//! Summaries and notes: a session's running summary, folded in the
+//! background (`folds`) or set and folded through the session API
+//! (`routes`); a note carried into a user's next session (`carry`); what a
+//! turn sends of both (`turn`). The summary model's jobs run off the hot
+//! path, under a global limit (`summary_concurrency`), with a timeout per
+//! call and attempts with a doubling pause between them. Only what the
+//! model answered, and what `summary::accept` takes for a summary, is
+//! returned. The model itself is behind `ChatModel`: the configured
+//! upstream in the server, a script in the tests.
 
 pub mod carry;
+pub(crate) mod folds;
+pub mod routes;
+pub(crate) mod turn;
 
 pub use crate::models::{Answer, Ask, ChatModel, ModelError, UpstreamChat};
 

@@ -10,11 +10,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::users::UserTarget;
-use crate::api::sessions::{existing, json_body, Target};
-use crate::api::{PathParams, QueryParams};
+use super::{Extracted, LongTerm};
+use crate::api::extract::{PathParams, QueryParams};
+use crate::api::sessions::{existing, json_body, text_field, Target};
+use crate::api::users::UserTarget;
 use crate::error::{ApiError, NotFound, RequestError};
-use crate::long_term::{Extracted, LongTerm};
 use crate::memory::long_term::{self as lt, Record};
 use crate::memory::session::ExtractNow;
 use crate::server::app::App;
@@ -106,7 +106,7 @@ pub async fn search_records(
     let body = object_body(&app, body).await?;
     // What a turn's recall embeds is cut to this length; a caller is
     // told, since the embedding model would refuse a text past its own.
-    let query = super::text_field(Value::Object(body.clone()), "query", lt::MAX_QUERY_CHARS)?;
+    let query = text_field(Value::Object(body.clone()), "query", lt::MAX_QUERY_CHARS)?;
     let (lo, hi) = (*LIMITS.start() as f64, *LIMITS.end() as f64);
     let limit =
         number(&body, "limit", (lo, hi), true)?.map_or(long_term.config.limit, |x| x as usize);
@@ -228,7 +228,7 @@ pub async fn add_record(
 ) -> Result<Json<Value>, ApiError> {
     let long_term = enabled(&app)?;
     let body = object_body(&app, body).await?;
-    let text = super::text_field(Value::Object(body.clone()), "text", lt::MAX_FACT_CHARS)?
+    let text = text_field(Value::Object(body.clone()), "text", lt::MAX_FACT_CHARS)?
         .trim()
         .to_owned();
     let strategies = long_term.strategies();

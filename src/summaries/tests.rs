@@ -151,23 +151,6 @@ async fn jobs_run_at_most_summary_concurrency_at_once() {
     assert_eq!(model.most.load(Ordering::SeqCst), 2);
 }
 
-#[test]
-fn only_a_completions_text_is_an_answer() {
-    use crate::models::answer;
-    let ok = br#"{"choices": [{"message": {"role": "assistant", "content": "Ada."}, "finish_reason": "stop"}]}"#;
-    let whole = Answer {
-        text: "Ada.".into(),
-        cut_off: false,
-    };
-    assert_eq!(answer(ok).unwrap(), whole);
-    let null = br#"{"choices": [{"message": {"content": null}}]}"#;
-    assert_eq!(answer(null).unwrap().text, "");
-    assert!(answer(b"not json").is_err());
-    assert!(answer(br#"{"choices": [{"message": {"content": 3}}]}"#).is_err());
-    let cut = br#"{"choices": [{"message": {"content": "Ada is"}, "finish_reason": "length"}]}"#;
-    assert!(answer(cut).unwrap().cut_off);
-}
-
 #[tokio::test(start_paused = true)]
 async fn folds_and_notes_ask_for_at_most_their_max_tokens() {
     let model = Scripted::new(vec![Ok("Ada.")], 0);

@@ -1,6 +1,6 @@
 //! `/v1/users/{user}/memory`: a user's carried note, read, set and
 //! forgotten (everywhere, with their long-term records), within the
-//! caller's tenant.
+//! caller's tenant; and the user a conversation's metadata names.
 
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
 
+use crate::api::auth::Access;
 use crate::api::sessions::{self, json_body, Target, Turns};
 use crate::api::QueryParams;
 use crate::error::{ApiError, NotFound, RequestError};
@@ -114,7 +115,7 @@ pub async fn put_user_memory(
 ) -> Result<Json<Value>, ApiError> {
     // The bound a model's note is held to.
     let max = app.config.memory.carry_over_max_chars.saturating_mul(2);
-    let text = super::text_field(json_body(&app, body).await?, "note", max)?;
+    let text = sessions::text_field(json_body(&app, body).await?, "note", max)?;
     let note = Note {
         text,
         model: summary::MANUAL.into(),
@@ -201,4 +202,17 @@ pub async fn delete_user_memory(
     Ok(Json(json!({
         "user": user.name, "deleted": true, "sessions": sessions, "records": records,
     })))
+}
+
+/// With `[memory] carry_over` or `[long_term]`, the user a conversation's `metadata.user`
+/// names: their note's key, and the name as given.
+pub(crate) fn metadata_user(
+    app: &App,
+    access: &Access,
+    metadata: &serde_json::Map<String, Value>,
+) -> Option<(String, String)> {
+    let user = metadata.get("user")?.as_str()?;
+    let remembers = app.config.memory.carry_over || app.config.long_term.enabled;
+    (remembers && !user.trim().is_empty())
+        .then(|| (access.internal(user).into_owned(), user.to_owned()))
 }
