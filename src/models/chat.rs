@@ -106,10 +106,7 @@ impl UpstreamChat {
     async fn ask(&self, ask: &Ask, response_format: Option<Value>) -> Result<Answer, ModelError> {
         let protocol = self.upstream.protocol;
         let body = protocol.ask_body(&self.model, &ask.messages, ask.max_tokens, response_format);
-        answer(
-            protocol,
-            &call(&self.upstream, protocol.ask_path(), body).await?,
-        )
+        answer(protocol, &call(&self.upstream, None, body).await?)
     }
 
     /// `ask` with its shape asked for the way the upstream takes, stepping
@@ -164,25 +161,26 @@ impl ChatModel for UpstreamChat {
 }
 
 /// The body of a successful answer to `body` posted to the upstream's
-/// `path` (one its protocol names); an error status is an error, with the
-/// upstream's message.
+/// turn URL (parsed once, when the upstream started), or with `path` to
+/// that path (one its protocol names); an error status is an error, with
+/// the upstream's message.
 pub(super) async fn call(
     upstream: &Upstream,
-    path: &str,
+    path: Option<&str>,
     body: Vec<u8>,
 ) -> Result<Vec<u8>, ModelError> {
     // A place under the upstream's `max_concurrent`: behind live requests
     // for a background job's call.
     let _slot = super::background::slot(upstream).await?;
     let body = body.into();
-    let resp = if path == upstream.protocol.turn_path() {
-        // The turn's URL, parsed once when the upstream started.
-        upstream.send_turn(&HeaderMap::new(), body).await?
-    } else {
-        let headers = HeaderMap::new();
-        upstream
-            .send(Method::POST, path, &headers, Some(body))
-            .await?
+    let headers = HeaderMap::new();
+    let resp = match path {
+        None => upstream.send_turn(&headers, body).await?,
+        Some(path) => {
+            upstream
+                .send(Method::POST, path, &headers, Some(body))
+                .await?
+        }
     };
     let status = resp.status();
     let bytes = read(upstream, resp).await?;

@@ -32,7 +32,7 @@ impl EmbeddingModel for UpstreamEmbedding {
         Box::pin(async move {
             let protocol = self.upstream.protocol;
             let body = protocol.embeddings_body(&self.model, &texts, self.encoding.as_str());
-            let bytes = call(&self.upstream, protocol.embeddings_path(), body).await?;
+            let bytes = call(&self.upstream, Some(protocol.embeddings_path()), body).await?;
             protocol
                 .read_embeddings(&bytes, texts.len())
                 .map_err(ModelError::NotEmbeddings)

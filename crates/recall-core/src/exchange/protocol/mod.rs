@@ -111,14 +111,8 @@ impl Protocol {
         }
     }
 
-    /// Where recall's own calls for an answer go (a summary, a note,
-    /// facts), relative to the upstream's base URL: a turn's path.
-    pub fn ask_path(self) -> &'static str {
-        self.turn_path()
-    }
-
-    /// The body of one of recall's own calls: `messages` answered, not
-    /// streamed, in at most `max_tokens`, in `response_format`'s shape
+    /// The body of one of recall's own calls (sent to the turn's path):
+    /// `messages` answered, not streamed, in at most `max_tokens`, in `response_format`'s shape
     /// when one is given.
     pub fn ask_body(
         self,
